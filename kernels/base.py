@@ -1,0 +1,70 @@
+"""The attention backend interface and the per-batch metadata both backends consume.
+
+Layout of one batch of B requests (prefill, decode or mixed), flattened over T new tokens:
+
+    request i computes tokens [prefix_len_i, seq_len_i) of its sequence; its new tokens are
+    q rows [qo_indptr[i], qo_indptr[i+1]) and its whole KV (cached prefix + new tokens) is the
+    pages kv_indices[kv_indptr[i]:kv_indptr[i+1]], the last of which holds kv_last_page_len[i]
+    tokens. With page_size 1 a page is a KV slot.
+
+This is exactly what FlashInfer's BatchPrefill/BatchDecodeWithPagedKVCacheWrapper.plan() take,
+so the CPU tests exercise the same metadata the CUDA backend gets. The pool stores K and V per
+layer as [num_slots, kv_heads, head_dim]; page p holds slots [p * page_size, (p+1) * page_size).
+Slot 0 (and so page 0) is reserved as padding and never holds real KV.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class ForwardMetadata:
+    """Tensors describing one batch; built once per batch from `req_to_token`."""
+
+    qo_indptr: torch.Tensor  # int32 [B+1], cumulative new-token counts
+    kv_indptr: torch.Tensor  # int32 [B+1], cumulative page counts
+    kv_indices: torch.Tensor  # int32 [num_pages], page ids of every request's KV, in order
+    kv_last_page_len: torch.Tensor  # int32 [B], tokens in each request's last page (1..page_size)
+    positions: torch.Tensor  # int64 [T], position of each new token in its sequence
+    out_cache_loc: torch.Tensor  # int64 [T], KV slot each new token's K/V is written to
+    page_size: int
+    # Host copies of the lengths, so a backend never needs a device->host sync to plan.
+    seq_lens: list[int]  # [B] tokens of KV per request after this step
+    extend_lens: list[int]  # [B] new tokens per request in this step
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.seq_lens)
+
+    @property
+    def is_decode(self) -> bool:
+        """True when every request computes exactly one new token."""
+        return all(n == 1 for n in self.extend_lens)
+
+    @property
+    def prefix_lens(self) -> list[int]:
+        return [s - e for s, e in zip(self.seq_lens, self.extend_lens)]
+
+
+class AttentionBackend(ABC):
+    """Paged attention over the KV pool. One object per runner, re-planned for every batch."""
+
+    @abstractmethod
+    def plan(self, meta: ForwardMetadata) -> None:
+        """Prepare for a batch (index expansion, wrapper planning). Called once per batch."""
+
+    @abstractmethod
+    def forward(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Write this layer's new K/V into the pool, then attend.
+
+        Args:
+            q: [T, num_heads, head_dim] queries of the new tokens (rotary already applied).
+            k, v: [T, num_kv_heads, head_dim] keys and values of the new tokens.
+        Returns:
+            [T, num_heads * head_dim], causal attention of each new token over its request's
+            cached prefix and the new tokens up to and including itself.
+        """

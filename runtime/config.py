@@ -1,0 +1,127 @@
+"""The one server configuration: a frozen dataclass, the CLI generated from its fields.
+
+`ServerConfig` is built once from the command line (or `Engine(**kwargs)`), then `resolve()` turns
+every "auto" value into a concrete one and returns a *new* frozen object. Nothing mutates a config
+after that; per-process variants are made with `dataclasses.replace`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field, fields
+from typing import Any, get_args, get_type_hints
+
+from runtime.errors import InvalidRequest
+
+
+def _opt(default: Any, help: str, choices: tuple[str, ...] | None = None, secret: bool = False) -> Any:
+    """A config field with one line of CLI help (and optional choices / secrecy)."""
+    meta = {"help": help, "choices": choices, "secret": secret}
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Every knob of a radixserve launch. Field names are the CLI names with underscores."""
+
+    # Model.
+    model_path: str | None = _opt(None, "Hugging Face model folder; default: the embedded SmolLM2-135M-Instruct")
+    tokenizer_path: str | None = _opt(None, "tokenizer folder; default: the model folder")
+    load_format: str = _opt("auto", "how to load weights: safetensors files or random dummy weights", ("auto", "dummy"))
+    dtype: str = _opt("auto", "weight and activation dtype; auto: the checkpoint's dtype", ("auto", "float32", "bfloat16", "float16"))
+    kv_cache_dtype: str = _opt("auto", "KV cache dtype; auto: the model dtype", ("auto", "float32", "bfloat16", "float16"))
+    context_length: int | None = _opt(None, "maximum tokens per request (prompt + output); default: the model's")
+    served_model_name: str | None = _opt(None, "model name reported by the API; default: the model folder name")
+    random_seed: int = _opt(0, "seed for dummy weights and for sampling without a per-request seed")
+
+    # Hardware.
+    device: str = _opt("auto", "compute device; auto: cuda when present, else cpu", ("auto", "cpu", "cuda"))
+    attention_backend: str = _opt("auto", "attention kernels; auto: flashinfer on CUDA, torch on CPU", ("auto", "torch", "flashinfer"))
+    num_threads: int | None = _opt(None, "CPU threads for torch in the scheduler process; default: all cores")
+    mem_fraction_static: float = _opt(0.85, "CUDA only: fraction of GPU memory for weights and KV cache")
+
+    # Memory and scheduling.
+    max_total_tokens: int | None = _opt(None, "KV cache capacity in tokens; default: from free GPU memory, or 65536 on CPU")
+    max_running_requests: int | None = _opt(None, "most requests decoding at once; default: from the KV capacity")
+    max_prefill_tokens: int = _opt(16384, "most new prompt tokens in one prefill batch")
+    chunked_prefill_size: int | None = _opt(None, "longest prompt chunk per step (-1 disables chunking); default: 2048 on CUDA, 512 on CPU")
+    page_size: int = _opt(1, "tokens per KV page")
+    schedule_policy: str = _opt("fcfs", "order of the waiting queue", ("fcfs", "lpm", "dfs-weight"))
+    disable_radix_cache: bool = _opt(False, "turn off prefix reuse across requests")
+    disable_overlap_schedule: bool = _opt(False, "run the scheduler and the forward pass one after the other")
+    stream_interval: int = _opt(1, "send a streamed chunk every N tokens")
+
+    # Server.
+    host: str = _opt("127.0.0.1", "HTTP host to bind")
+    port: int = _opt(30000, "HTTP port to bind")
+    api_key: str | None = _opt(None, "require this key as 'Authorization: Bearer <key>' (all routes but /health)", secret=True)
+    max_request_bytes: int = _opt(8 * 1024 * 1024, "largest accepted HTTP body in bytes (413 above)")
+    max_n: int = _opt(16, "largest accepted n (parallel samples per prompt)")
+    max_top_logprobs: int = _opt(20, "largest accepted top_logprobs / top_logprobs_num")
+    log_level: str = _opt("info", "logging level", ("debug", "info", "warning", "error"))
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            choices = f.metadata.get("choices")
+            value = getattr(self, f.name)
+            if choices and value not in choices:
+                raise InvalidRequest(f"{f.name} must be one of {list(choices)}, got {value!r}", param=f.name)
+        if self.page_size < 1:
+            raise InvalidRequest("page_size must be >= 1", param="page_size")
+
+    def public_dict(self) -> dict[str, Any]:
+        """The config without secrets (for /get_server_info and logs)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if not f.metadata.get("secret")}
+
+    def replace(self, **changes: Any) -> ServerConfig:
+        return dataclasses.replace(self, **changes)
+
+
+def _cli_type(annotation: Any) -> Any:
+    """Map a field annotation (a string under postponed evaluation) to an argparse type."""
+    args = [a for a in get_args(annotation) if a is not type(None)]
+    base = args[0] if args else annotation
+    if base is bool:
+        return bool
+    return base if base in (int, float, str) else str
+
+
+def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
+    """One `--flag-name` per ServerConfig field, with its default and help line."""
+    hints = get_type_hints(ServerConfig)
+    for f in fields(ServerConfig):
+        flag = "--" + f.name.replace("_", "-")
+        typ = _cli_type(hints[f.name])
+        help_text = f"{f.metadata['help']} (default: {f.default})"
+        if typ is bool:
+            parser.add_argument(flag, dest=f.name, action="store_true", default=f.default, help=help_text)
+        else:
+            parser.add_argument(flag, dest=f.name, type=typ, default=f.default,
+                                choices=f.metadata.get("choices"), help=help_text)
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    names = {f.name for f in fields(ServerConfig)}
+    return ServerConfig(**{k: v for k, v in vars(args).items() if k in names})
+
+
+def config_from_kwargs(model_path: str | None = None, **kwargs: Any) -> ServerConfig:
+    """Build a config from Python keywords, rejecting unknown names with the list of known ones."""
+    names = {f.name for f in fields(ServerConfig)}
+    unknown = sorted(set(kwargs) - names)
+    if unknown:
+        raise TypeError(f"unknown config option(s) {unknown}; known: {sorted(names)}")
+    return ServerConfig(model_path=model_path, **kwargs)
+
+
+def read_model_json(model_path: str, name: str) -> dict[str, Any]:
+    """Read a JSON file (config.json, generation_config.json) from a model folder; {} if absent."""
+    path = os.path.join(model_path, name)
+    if not os.path.exists(path):
+        return {}
+    with open(path) as fh:
+        return json.load(fh)
+
