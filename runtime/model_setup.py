@@ -1,0 +1,133 @@
+"""Resolve a config's "auto" values and build everything the model runner owns.
+
+`resolve_config` runs once per launch (in the main process) and returns a new frozen config with
+the model path, device, dtype, attention backend, chunk size and KV capacity made concrete.
+`load_model_for_serving` runs in the process that owns the device (the scheduler).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels.base import AttentionBackend
+from runtime.config import ServerConfig, read_model_json
+from runtime.device import DTYPES, dtype_name, resolve_attention_backend, resolve_device, resolve_dtype
+from runtime.kv_pool import KVPool, ReqToTokenPool
+from runtime.models.config import ModelConfig
+
+CPU_DEFAULT_KV_TOKENS = 65536
+CPU_DEFAULT_MAX_RUNNING = 256
+CUDA_DEFAULT_MAX_RUNNING = 1024
+CPU_DEFAULT_CHUNK = 512
+CUDA_DEFAULT_CHUNK = 2048
+
+
+def resolve_config(config: ServerConfig) -> ServerConfig:
+    """Turn every "auto"/None default into a concrete value (a new frozen config)."""
+    model_path = config.model_path
+    if model_path is None:
+        from runtime.default_model import ensure_default_model
+
+        model_path = ensure_default_model()
+    model_config = ModelConfig.from_hf(read_model_json(model_path, "config.json"))
+    device = resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, model_config.torch_dtype, device)
+    kv_dtype = dtype if config.kv_cache_dtype == "auto" else DTYPES[config.kv_cache_dtype]
+    chunk = config.chunked_prefill_size
+    if chunk is None:
+        chunk = CUDA_DEFAULT_CHUNK if device.type == "cuda" else CPU_DEFAULT_CHUNK
+    context = config.context_length or model_config.max_position_embeddings
+    max_total = config.max_total_tokens
+    if max_total is None and device.type == "cpu":
+        max_total = CPU_DEFAULT_KV_TOKENS
+    max_running = config.max_running_requests
+    if max_running is None and device.type == "cpu":
+        max_running = CPU_DEFAULT_MAX_RUNNING
+    return config.replace(
+        model_path=model_path,
+        tokenizer_path=config.tokenizer_path or model_path,
+        device=device.type,
+        dtype=dtype_name(dtype),
+        kv_cache_dtype=dtype_name(kv_dtype),
+        attention_backend=resolve_attention_backend(config.attention_backend, device),
+        chunked_prefill_size=chunk,
+        context_length=context,
+        max_total_tokens=max_total,
+        max_running_requests=max_running,
+    )
+
+
+@dataclass
+class LoadedModel:
+    """The model and its device memory, ready for a ModelRunner."""
+
+    config: ServerConfig  # resolved, with the final KV capacity
+    model_config: ModelConfig
+    model: torch.nn.Module
+    device: torch.device
+    dtype: torch.dtype
+    page_size: int
+    kv_pool: KVPool
+    req_to_token: ReqToTokenPool
+    backend: AttentionBackend
+
+    @property
+    def max_total_tokens(self) -> int:
+        """Usable KV slots (slot 0 / page 0 is padding)."""
+        return self.kv_pool.num_slots - self.page_size
+
+
+def load_model_for_serving(config: ServerConfig) -> LoadedModel:
+    """Load weights, size and allocate the KV pool, and build the attention backend."""
+    from runtime.weights import load_model
+
+    assert config.model_path and config.device != "auto", "resolve_config() first"
+    torch.manual_seed(config.random_seed)
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+    model_config = ModelConfig.from_hf(read_model_json(config.model_path, "config.json"))
+    device = torch.device(config.device)
+    dtype = DTYPES[config.dtype]
+    model = load_model(
+        config.model_path, model_config, dtype, device, load_format=config.load_format, seed=config.random_seed
+    )
+    kv_dtype = DTYPES[config.kv_cache_dtype]
+    ps = config.page_size
+    max_total = config.max_total_tokens or _cuda_kv_tokens(config, model_config, kv_dtype)
+    num_slots = (max_total // ps + 1) * ps  # + the reserved padding page
+    kv_pool = KVPool(
+        model_config.num_layers, num_slots, model_config.num_kv_heads, model_config.head_dim, kv_dtype, device, ps
+    )
+    assert config.context_length is not None
+    max_running = config.max_running_requests or min(max(max_total // 2, 1), CUDA_DEFAULT_MAX_RUNNING)
+    width = -(-config.context_length // ps) * ps
+    req_to_token = ReqToTokenPool(max_running, width, device)
+    backend = make_backend(config.attention_backend, kv_pool, model_config)
+    resolved = config.replace(max_total_tokens=num_slots - ps, max_running_requests=max_running)
+    return LoadedModel(resolved, model_config, model, device, dtype, ps, kv_pool, req_to_token, backend)
+
+
+def make_backend(name: str, kv_pool: KVPool, mc: ModelConfig) -> AttentionBackend:
+    """The attention backend registry: factories import lazily so CPU machines never import flashinfer."""
+    if name == "torch":
+        from kernels.torch_backend import TorchAttentionBackend
+
+        return TorchAttentionBackend(kv_pool, mc.num_heads, mc.num_kv_heads, mc.head_dim)
+    if name == "flashinfer":
+        from kernels.flashinfer_backend import FlashInferAttentionBackend
+
+        return FlashInferAttentionBackend(kv_pool, mc.num_heads, mc.num_kv_heads, mc.head_dim)
+    raise ValueError(f"unknown attention backend {name!r}; known: torch, flashinfer")
+
+
+def _cuda_kv_tokens(config: ServerConfig, mc: ModelConfig, kv_dtype: torch.dtype) -> int:
+    """KV capacity from free GPU memory after the weights are loaded."""
+    free, total = torch.cuda.mem_get_info()
+    budget = free - total * (1 - config.mem_fraction_static)
+    per_token = KVPool.bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, kv_dtype)
+    tokens = int(budget // per_token)
+    if tokens <= 0:
+        raise RuntimeError(f"no GPU memory left for the KV cache (free {free / 2**30:.1f} GiB)")
+    return tokens
