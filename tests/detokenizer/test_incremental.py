@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from detokenizer.incremental import DecodeOptions, DecodeState, DecodeStateTable
-from detokenizer.stop import find_stop, max_stop_len, partial_stop_suffix_len
+from runtime.stop import find_stop, max_stop_len, partial_stop_suffix_len
 
 FFFD = "\ufffd"
 TMP_MODEL = Path(os.path.expanduser("~/.cache/radixserve/tmp-smollm2"))
