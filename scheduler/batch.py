@@ -1,0 +1,82 @@
+"""A scheduled batch and the runner entries its requests turn into."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from runtime.model_runner import ForwardEntry, ForwardResult
+from scheduler.request import Req
+
+
+@dataclass
+class ScheduledBatch:
+    is_prefill: bool
+    reqs: list[Req] = field(default_factory=list)
+    entries: list[ForwardEntry] = field(default_factory=list)
+
+    def add(self, req: Req, entry: ForwardEntry) -> None:
+        self.reqs.append(req)
+        self.entries.append(entry)
+
+
+def _entry(req: Req, start: int, n: int) -> ForwardEntry:
+    """Compute tokens [start, start + n) of `req`; its kv already covers them."""
+    assert req.row is not None and len(req.kv) == start + n
+    write_from = min(req.row_synced, start)
+    req.row_synced = start + n
+    return ForwardEntry(
+        row=req.row,
+        input_ids=req.fill_ids[start : start + n],
+        prefix_len=start,
+        kv_write=req.kv[write_from:],
+        kv_write_start=write_from,
+        sampling=req.sampling,
+        output_ids=req.output,
+        stop_ids=sorted(req.stop_ids),
+        return_logprob=req.return_logprob,
+        top_logprobs_num=req.top_logprobs_num,
+    )
+
+
+def prefill_entry(req: Req, extend: int) -> ForwardEntry:
+    """The next `extend` tokens of a request's prompt (its kv was just extended by `extend`)."""
+    start = req.computed - extend
+    entry = _entry(req, start, extend)
+    _plan_input_logprobs(req, entry, start, start + extend)
+    return entry
+
+
+def decode_entry(req: Req) -> ForwardEntry:
+    """One decode step: the last output token goes in at the newest KV slot."""
+    return _entry(req, req.computed - 1, 1)
+
+
+def _plan_input_logprobs(req: Req, entry: ForwardEntry, a: int, b: int) -> None:
+    """Score prompt tokens at positions [begin, len(prompt)): row r predicts prompt[r + 1].
+
+    Rows of this chunk [a, b) that predict a scored prompt token are r in
+    [max(a, begin - 1), min(b, len(prompt) - 1)).
+    """
+    if req.logprob_start_len < 0 or req.sent_first:
+        return
+    begin, plen = req.logprob_start_len, len(req.prompt)
+    first, end = max(a, begin - 1, 0), min(b, plen - 1)
+    if first < end:
+        entry.logprob_start = first - a
+        entry.logprob_targets = req.prompt[first + 1 : end + 1]
+
+
+def record_input_logprobs(req: Req, entry: ForwardEntry, result: ForwardResult, i: int) -> None:
+    """Append this chunk's input logprobs to the request (None for position 0, which has no context)."""
+    if req.logprob_start_len < 0 or req.sent_first:
+        return
+    if entry.prefix_len == 0 and req.logprob_start_len == 0:
+        req.input_logprobs.append(None)
+        req.input_top_logprobs.append(None)
+    lps = result.input_logprobs[i]
+    if lps is None:
+        return
+    req.input_logprobs.extend(lps)
+    tops = result.input_top_logprobs[i]
+    if req.top_logprobs_num and tops is not None:
+        req.input_top_logprobs.extend([list(ids), list(vals)] for ids, vals in tops)

@@ -1,0 +1,55 @@
+"""Turn the requests touched by one step into one `BatchTokenOut` (deltas since the last send)."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+from runtime.messages import BatchTokenOut
+from scheduler.request import Req
+
+DECODE_CONTEXT_TOKENS = 5  # prompt tokens the detokenizer decodes as left context
+
+
+def has_news(req: Req) -> bool:
+    """Something to tell the detokenizer: new tokens, a finish, or a prefill-only result."""
+    return len(req.output) > req.sent_ids or req.finished
+
+
+def build_batch_out(reqs: list[Req]) -> BatchTokenOut:
+    out = BatchTokenOut(**{f.name: [] for f in fields(BatchTokenOut)})
+    for req in reqs:
+        _append(out, req)
+    return out
+
+
+def _append(out: BatchTokenOut, req: Req) -> None:
+    sp, start, first = req.sampling, req.sent_ids, not req.sent_first
+    out.rids.append(req.rid)
+    out.finished_reasons.append(req.finish_reason)
+    out.new_ids.append(req.output[start:])
+    out.decode_prefix.append(req.prompt[-DECODE_CONTEXT_TOKENS:] if first else None)
+    out.prompt_tokens.append(len(req.prompt))
+    out.completion_tokens.append(len(req.output))
+    out.cached_tokens.append(req.cached_tokens)
+    out.skip_special_tokens.append(sp.skip_special_tokens)
+    out.spaces_between_special_tokens.append(sp.spaces_between_special_tokens)
+    out.stop_strs.append(sp.stop_strs)
+    out.no_stop_trim.append(sp.no_stop_trim)
+    out.matched_stop_token.append(req.matched_stop_token and req.finished)
+    if req.return_logprob:
+        out.output_logprobs.append(req.output_logprobs[start:])
+        out.output_top_logprobs.append(req.output_top_logprobs[start:] if req.top_logprobs_num else None)
+    else:
+        out.output_logprobs.append(None)
+        out.output_top_logprobs.append(None)
+    if req.return_logprob and first:
+        begin = req.logprob_start_len if req.logprob_start_len >= 0 else len(req.prompt)
+        out.input_ids_for_logprobs.append(req.prompt[begin:])
+        out.input_logprobs.append(list(req.input_logprobs))
+        out.input_top_logprobs.append(list(req.input_top_logprobs) if req.top_logprobs_num else None)
+    else:
+        out.input_ids_for_logprobs.append(None)
+        out.input_logprobs.append(None)
+        out.input_top_logprobs.append(None)
+    req.sent_ids = len(req.output)
+    req.sent_first = True

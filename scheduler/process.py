@@ -1,0 +1,105 @@
+"""The scheduler process: load the model, wire the sockets, report ready, run the loop.
+
+Sockets (ARCHITECTURE §1; the receiving side binds):
+    PULL  bind     "scheduler"     GenerateReq, AbortReq, FlushCacheReq, GetStateReq, ShutdownReq
+    PUSH  connect  "detokenizer"   one BatchTokenOut per forward step
+    PUSH  connect  "tokenizer"     FlushCacheOut, StateOut, SchedulerCrashed
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any
+
+from runtime.codec import encode
+from runtime.config import ServerConfig, read_model_json
+from runtime.ipc import IpcDir, PullSocket, PushSocket, new_context
+from runtime.messages import BatchTokenOut, ChildReady, SchedulerCrashed
+
+logger = logging.getLogger("radixserve.scheduler")
+IDLE_POLL_MS = 200  # how long an idle scheduler blocks on its socket before looking around
+
+
+class SocketIO:
+    """The scheduler's three sockets behind the `SchedulerIO` protocol."""
+
+    def __init__(self, ipc_path: str) -> None:
+        ipc = IpcDir(ipc_path)
+        self.ctx = new_context()
+        self.inbox = PullSocket(self.ctx, ipc.endpoint("scheduler"), bind=True)
+        self.to_detokenizer = PushSocket(self.ctx, ipc.endpoint("detokenizer"))
+        self.to_tokenizer = PushSocket(self.ctx, ipc.endpoint("tokenizer"))
+
+    def recv(self, block: bool) -> list[Any]:
+        if block:
+            first = self.inbox.recv(timeout_ms=IDLE_POLL_MS)
+            return [] if first is None else [first, *self.inbox.drain()]
+        return self.inbox.drain()
+
+    def send_tokens(self, msg: BatchTokenOut) -> None:
+        self.to_detokenizer.send(msg)
+
+    def send_control(self, msg: Any) -> None:
+        self.to_tokenizer.send(msg)
+
+    def close(self) -> None:
+        for sock in (self.inbox, self.to_detokenizer, self.to_tokenizer):
+            sock.close()
+        self.ctx.term()
+
+
+def eos_token_ids(model_path: str, tokenizer: Any, config_eos: tuple[int, ...]) -> frozenset[int]:
+    """EOS ids from config.json, generation_config.json and the tokenizer, together."""
+    gen_eos = read_model_json(model_path, "generation_config.json").get("eos_token_id")
+    ids = set(config_eos)
+    ids.update(gen_eos if isinstance(gen_eos, list) else [] if gen_eos is None else [gen_eos])
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return frozenset(ids)
+
+
+def build_scheduler(config: ServerConfig, io: Any) -> Any:
+    """Load the model and tokenizer and return a ready Scheduler (also used in-process by tests)."""
+    from transformers import AutoTokenizer
+
+    from runtime.model_runner import ModelRunner
+    from runtime.model_setup import load_model_for_serving
+    from scheduler.scheduler import Scheduler
+
+    loaded = load_model_for_serving(config)
+    tokenizer = AutoTokenizer.from_pretrained(config.tokenizer_path or config.model_path)
+    eos = eos_token_ids(config.model_path or "", tokenizer, loaded.model_config.eos_token_ids)
+
+    def decode(ids: list[int], skip_special_tokens: bool) -> str:
+        return tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    return Scheduler(loaded.config, ModelRunner(loaded), decode, eos, io)
+
+
+def run_scheduler_process(config: ServerConfig, ipc_path: str, ready_conn: Connection) -> None:
+    from runtime.procutil import configure_child, watch_parent
+
+    configure_child(config, "scheduler")
+    watch_parent()
+    io = SocketIO(ipc_path)
+    try:
+        scheduler = build_scheduler(config, io)
+        info = {
+            "max_total_tokens": scheduler.cache.total,
+            "max_running_requests": scheduler.max_running,
+            "context_length": scheduler.context_len,
+            "vocab_size": scheduler.runner.vocab_size,
+            "eos_token_ids": sorted(scheduler.eos_ids),
+        }
+        ready_conn.send_bytes(encode(ChildReady("scheduler", info)))
+        scheduler.event_loop()
+    except Exception:
+        tb = traceback.format_exc()
+        logger.error("scheduler crashed:\n%s", tb)
+        io.send_control(SchedulerCrashed("scheduler", tb))
+        io.close()
+        sys.exit(1)
+    io.close()

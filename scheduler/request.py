@@ -1,0 +1,109 @@
+"""A request inside the scheduler: its tokens, its KV, its progress and how it finishes.
+
+KV ownership follows `radix/prefix_cache.py`: `kv[i]` is the KV slot of token i of
+`prompt + output`, for every token computed so far; `kv[:prefix_len]` belongs to the tree
+(locked through `node`), the rest to the request.
+
+    fill_ids = prompt + output           every token the request knows
+    kv       = slots of fill_ids[:len(kv)]
+    decode:  the last output token is the one input; it gets the next KV slot
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from radix.tree import TreeNode
+from runtime.messages import GenerateReq, TopLogprobs
+from runtime.sampling import SamplingParams
+
+
+class ReqState(enum.Enum):
+    WAITING = "waiting"  # in the queue (new or chunked between rounds)
+    RUNNING = "running"  # prompt done; decoding
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Req:
+    rid: str
+    prompt: list[int]
+    sampling: SamplingParams
+    return_logprob: bool = False
+    logprob_start_len: int = -1  # first prompt position whose logprob is reported; -1: none
+    top_logprobs_num: int = 0
+    stream: bool = False
+    extra_key: str | None = None
+    stop_ids: frozenset[int] = frozenset()  # EOS + stop_token_ids (empty when ignore_eos)
+
+    state: ReqState = ReqState.WAITING
+    output: list[int] = field(default_factory=list)
+    row: int | None = None  # request-slot row while it holds KV
+    row_synced: int = 0  # leading positions of the row known to hold kv[:row_synced]
+    kv: list[int] = field(default_factory=list)
+    prefix_len: int = 0
+    node: TreeNode | None = None
+    cached_tokens: int = 0
+    finish_reason: dict[str, Any] | None = None
+    matched_stop_token: bool = False
+    arrival: float = field(default_factory=time.monotonic)
+
+    # Output bookkeeping: what has been sent to the detokenizer.
+    sent_ids: int = 0
+    sent_first: bool = False
+    output_logprobs: list[float] = field(default_factory=list)
+    output_top_logprobs: list[TopLogprobs] = field(default_factory=list)
+    input_logprobs: list[float | None] = field(default_factory=list)
+    input_top_logprobs: list[TopLogprobs | None] = field(default_factory=list)
+
+    @classmethod
+    def from_message(cls, msg: GenerateReq, eos_ids: frozenset[int]) -> Req:
+        sp = msg.sampling_params
+        stop_ids = frozenset(sp.stop_token_ids or ()) | (frozenset() if sp.ignore_eos else eos_ids)
+        return cls(
+            rid=msg.rid,
+            prompt=list(msg.input_ids),
+            sampling=sp,
+            return_logprob=msg.return_logprob,
+            logprob_start_len=msg.logprob_start_len if msg.return_logprob else -1,
+            top_logprobs_num=msg.top_logprobs_num if msg.return_logprob else 0,
+            stream=msg.stream,
+            extra_key=msg.extra_key,
+            stop_ids=stop_ids,
+        )
+
+    @property
+    def fill_ids(self) -> list[int]:
+        return self.prompt + self.output
+
+    @property
+    def computed(self) -> int:
+        """Tokens whose KV is in the pool."""
+        return len(self.kv)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def remaining_new_tokens(self) -> int:
+        return max(self.sampling.max_new_tokens - len(self.output), 0)
+
+    def max_prefix_len(self) -> int:
+        """The longest prefix a cache hit may cover: at least one token must be computed, and
+        the rows scored for input logprobs must be computed too."""
+        limit = len(self.fill_ids) - 1
+        if self.logprob_start_len >= 0:
+            limit = min(limit, max(self.logprob_start_len - 1, 0))
+        return limit
+
+    def finish(self, reason: dict[str, Any]) -> None:
+        if self.finish_reason is None:
+            self.finish_reason = reason
+        self.state = ReqState.FINISHED
+
+    def abort(self, message: str) -> None:
+        self.finish({"type": "abort", "message": message})

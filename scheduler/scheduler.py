@@ -1,0 +1,304 @@
+"""The scheduler: one thread owning every request, the prefix cache and the model runner.
+
+Loop: drain incoming messages -> pick the next batch (prefill first, else decode everyone) ->
+run it -> process its result -> send one BatchTokenOut; when idle, check the memory invariant.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from radix.allocator import KVAllocator
+from radix.prefix_cache import make_prefix_cache
+from runtime.codec import TypeDispatcher
+from runtime.config import ServerConfig
+from runtime.messages import (
+    AbortReq,
+    BatchTokenOut,
+    FlushCacheOut,
+    FlushCacheReq,
+    GenerateReq,
+    GetStateReq,
+    ShutdownReq,
+    StateOut,
+)
+from runtime.model_runner import ForwardResult, ModelRunner
+from scheduler.batch import ScheduledBatch, decode_entry, prefill_entry, record_input_logprobs
+from scheduler.finish import check_finished
+from scheduler.output import build_batch_out, has_news
+from scheduler.policy import PrefillAdder, kv_needed, order_waiting
+from scheduler.request import Req, ReqState
+
+logger = logging.getLogger(__name__)
+
+
+class SchedulerIO(Protocol):
+    def recv(self, block: bool) -> list[Any]: ...
+    def send_tokens(self, msg: BatchTokenOut) -> None: ...
+    def send_control(self, msg: Any) -> None: ...
+
+
+class Scheduler:
+    """Continuous batching with chunked prefill over a radix prefix cache."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        runner: ModelRunner,
+        decode: Callable[[list[int], bool], str],
+        eos_ids: frozenset[int],
+        io: SchedulerIO,
+    ) -> None:
+        self.config = config
+        self.runner = runner
+        self.decode = decode
+        self.eos_ids = eos_ids
+        self.io = io
+        ps = config.page_size
+        self.page_size = ps
+        self.cache = make_prefix_cache(KVAllocator(runner.kv_pool.num_slots, ps), ps, config.disable_radix_cache)
+        self.rows = runner.req_to_token
+        assert config.context_length is not None, "resolve_config() first"
+        self.context_len = config.context_length
+        self.max_running = min(config.max_running_requests or self.rows.size, self.rows.size)
+        chunk = config.chunked_prefill_size
+        self.chunk_size = chunk if chunk and chunk > 0 else None
+        self.waiting: list[Req] = []
+        self.running: list[Req] = []
+        self.chunked: Req | None = None  # the one request whose prompt is mid-way through chunks
+        self.finished_out: list[Req] = []  # finished outside a forward (abort, rejection)
+        self.stopped = False
+        self.checked_idle = False
+        self.dispatch = TypeDispatcher({
+            GenerateReq: self.handle_generate,
+            AbortReq: self.handle_abort,
+            FlushCacheReq: self.handle_flush,
+            GetStateReq: self.handle_state,
+            ShutdownReq: self.handle_shutdown,
+        })
+
+    # ------------------------------------------------------------------ loop
+
+    def event_loop(self) -> None:
+        while not self.stopped:
+            self.step()
+
+    def step(self) -> ScheduledBatch | None:
+        for msg in self.io.recv(block=self.is_idle):
+            self.dispatch(msg)
+        batch = self.next_batch()
+        if batch is not None:
+            self.process_result(batch, self.runner.forward(batch.entries))
+            self.checked_idle = False
+        elif self.is_idle and not self.checked_idle:
+            self.check_idle_integrity()
+            self.checked_idle = True
+        self.send_outputs(batch)
+        return batch
+
+    @property
+    def is_idle(self) -> bool:
+        return not self.waiting and not self.running and self.chunked is None and not self.finished_out
+
+    # ------------------------------------------------------------------ messages
+
+    def handle_generate(self, msg: GenerateReq) -> None:
+        req = Req.from_message(msg, self.eos_ids)
+        room = self.context_len - len(req.prompt)
+        if not req.prompt or room < 0:
+            return self.reject(req, f"the prompt has {len(req.prompt)} tokens; the context holds {self.context_len}")
+        req.sampling.max_new_tokens = min(req.sampling.max_new_tokens, room)
+        need = kv_needed(req, self.page_size)
+        if need > self.cache.total:
+            return self.reject(req, f"the request needs {need} KV slots but the whole pool holds {self.cache.total}")
+        self.waiting.append(req)
+
+    def handle_abort(self, msg: AbortReq) -> None:
+        for queue in (self.waiting, self.running):
+            for req in [r for r in queue if msg.matches(r.rid)]:
+                queue.remove(req)
+                self.finish_now(req, "aborted by request")
+        if self.chunked is not None and msg.matches(self.chunked.rid):
+            req, self.chunked = self.chunked, None
+            self.finish_now(req, "aborted by request")
+
+    def handle_flush(self, msg: FlushCacheReq) -> None:
+        if not self.is_idle:
+            self.io.send_control(FlushCacheOut(msg.req_id, False, "requests are running"))
+            return
+        self.io.send_control(FlushCacheOut(msg.req_id, self.cache.flush()))
+
+    def handle_state(self, msg: GetStateReq) -> None:
+        self.io.send_control(StateOut(msg.req_id, self.state()))
+
+    def handle_shutdown(self, msg: ShutdownReq) -> None:
+        self.stopped = True
+
+    def reject(self, req: Req, message: str) -> None:
+        req.abort(message)
+        self.finished_out.append(req)
+
+    def finish_now(self, req: Req, message: str) -> None:
+        """Abort a request between steps: free exactly what it holds, report it once."""
+        req.abort(message)
+        self.release(req)
+        self.finished_out.append(req)
+
+    # ------------------------------------------------------------------ batches
+
+    def next_batch(self) -> ScheduledBatch | None:
+        return self.next_prefill() or self.next_decode()
+
+    def next_prefill(self) -> ScheduledBatch | None:
+        if not self.waiting and self.chunked is None:
+            return None
+        holding = len(self.running) + (self.chunked is not None)
+        adder = PrefillAdder(
+            cache=self.cache,
+            page_size=self.page_size,
+            reserved=sum(kv_needed(r, self.page_size) for r in self.running),
+            rem_input=self.config.max_prefill_tokens,
+            rem_chunk=self.chunk_size,
+            rem_reqs=min(self.max_running - holding, self.rows.available()) + (self.chunked is not None),
+        )
+        if self.chunked is not None:
+            added = adder.try_add(self.chunked, [], len(self.chunked.fill_ids) - self.chunked.computed)
+            assert added, "the chunked request's KV was reserved when it was admitted"
+        else:
+            self.admit_waiting(adder)
+        if not adder.admitted:
+            return None
+        self.chunked = adder.new_chunked
+        batch = ScheduledBatch(is_prefill=True)
+        for req, extend in adder.admitted:
+            new = self.cache.alloc_extend(req.kv, extend)
+            assert new is not None, "admission reserved this KV"
+            req.kv.extend(new)
+            batch.add(req, prefill_entry(req, extend))
+        return batch
+
+    def admit_waiting(self, adder: PrefillAdder) -> None:
+        for req in order_waiting(self.waiting, self.config.schedule_policy, self.cache):
+            if not adder.budget_left() or adder.new_chunked is not None:
+                break
+            match = self.cache.match(req.fill_ids[: req.max_prefix_len()], req.extra_key)
+            self.cache.lock(match.node)
+            if not adder.try_add(req, match.indices, len(req.fill_ids) - len(match.indices)):
+                self.cache.unlock(match.node)
+                break
+            row = self.rows.alloc()
+            assert row is not None, "rem_reqs counts free rows"
+            req.row, req.kv, req.prefix_len, req.node = row, list(match.indices), len(match.indices), match.node
+            req.row_synced = 0
+            req.cached_tokens += len(match.indices)
+            self.waiting.remove(req)
+
+    def next_decode(self) -> ScheduledBatch | None:
+        if not self.running:
+            return None
+        batch = ScheduledBatch(is_prefill=False)
+        for req in list(self.running):
+            slot = self.cache.alloc_extend(req.kv, 1)
+            if slot is None:  # admission reserves decode KV, so this is a bug; keep serving
+                logger.error("no KV slot for decoding request %s", req.rid)
+                self.running.remove(req)
+                self.finish_now(req, "out of KV cache memory")
+                continue
+            req.kv.extend(slot)
+            batch.add(req, decode_entry(req))
+        return batch if batch.reqs else None
+
+    # ------------------------------------------------------------------ results
+
+    def process_result(self, batch: ScheduledBatch, result: ForwardResult) -> None:
+        next_ids = result.next_ids.tolist()
+        for i, req in enumerate(batch.reqs):
+            if batch.is_prefill:
+                record_input_logprobs(req, batch.entries[i], result, i)
+                if req.computed < len(req.fill_ids):  # a middle chunk: publish it, keep going
+                    self.cache_unfinished(req)
+                    continue
+                if req.sampling.max_new_tokens == 0:  # prefill-only (scoring, cache warm-up)
+                    req.finish({"type": "length", "length": 0})
+                    self.release(req)
+                    continue
+            self.append_token(req, next_ids[i], result, i)
+            if req.finished:
+                if not batch.is_prefill:
+                    self.running.remove(req)
+                self.release(req)
+            elif batch.is_prefill:
+                self.cache_unfinished(req)
+                req.state = ReqState.RUNNING
+                self.running.append(req)
+
+    def append_token(self, req: Req, token: int, result: ForwardResult, i: int) -> None:
+        req.output.append(token)
+        if req.return_logprob and result.logprobs is not None:
+            req.output_logprobs.append(float(result.logprobs[i]))
+            if req.top_logprobs_num and result.top_logprobs is not None:
+                ids, vals = result.top_logprobs[i]
+                req.output_top_logprobs.append([list(ids), list(vals)])
+        check_finished(req, self.decode)
+
+    def cache_unfinished(self, req: Req) -> None:
+        """Publish a continuing request's computed tokens to the cache; re-point its row."""
+        assert req.node is not None
+        update = self.cache.cache_unfinished(
+            req.fill_ids[: req.computed], req.kv, req.prefix_len, req.node, req.extra_key
+        )
+        req.kv, req.prefix_len, req.node = list(update.kv), update.prefix_len, update.node
+        req.row_synced = 0  # canonical slots may differ from what the row holds
+
+    def release(self, req: Req) -> None:
+        """Hand a finished request's KV to the cache and free its row (idempotent)."""
+        if req.row is None:
+            return
+        assert req.node is not None
+        self.cache.cache_finished(req.fill_ids[: req.computed], req.kv, req.prefix_len, req.node, req.extra_key)
+        self.rows.free(req.row)
+        req.row, req.kv, req.prefix_len, req.node = None, [], 0, None
+
+    def send_outputs(self, batch: ScheduledBatch | None) -> None:
+        reqs = [r for r in (batch.reqs if batch else []) if has_news(r)] + self.finished_out
+        self.finished_out = []
+        if reqs:
+            self.io.send_tokens(build_batch_out(reqs))
+
+    # ------------------------------------------------------------------ invariants
+
+    def holders(self) -> list[Req]:
+        return [r for r in self.running if r.row is not None] + ([self.chunked] if self.chunked else [])
+
+    def check_integrity(self) -> None:
+        held = sum(self.cache.owned_slots(r.computed, r.prefix_len) for r in self.holders())
+        self.cache.check_integrity(held_by_requests=held)
+        self.rows.check_integrity()
+        assert self.rows.available() == self.rows.size - len(self.holders()), "request rows leaked"
+
+    def check_idle_integrity(self) -> None:
+        self.cache.check_idle_integrity()
+        self.rows.check_integrity()
+        assert self.rows.available() == self.rows.size, (
+            f"request rows leaked: {self.rows.size - self.rows.available()} held while idle"
+        )
+
+    def state(self) -> dict[str, Any]:
+        try:
+            self.check_integrity()
+            integrity = "ok"
+        except AssertionError as exc:
+            integrity = f"violated: {exc}"
+        return {
+            "running": len(self.running) + (self.chunked is not None),
+            "waiting": len(self.waiting),
+            "kv_total": self.cache.total,
+            "kv_available": self.cache.available(),
+            "kv_evictable": self.cache.evictable_size,
+            "kv_protected": self.cache.protected_size,
+            "rows_total": self.rows.size,
+            "rows_free": self.rows.available(),
+            "integrity": integrity,
+        }

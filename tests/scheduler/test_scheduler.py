@@ -1,0 +1,217 @@
+"""The scheduler driven in-process (no sockets) on a tiny random-weight Llama.
+
+Greedy outputs must equal the static-batch runner's for every scheduling configuration, and the
+memory invariant must hold whenever the scheduler goes idle (it checks itself and raises).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+import pytest
+import torch
+import transformers
+
+from runtime.config import ServerConfig
+from runtime.messages import AbortReq, BatchTokenOut, FlushCacheReq, GenerateReq, GetStateReq
+from runtime.model_setup import resolve_config
+from runtime.sampling import SamplingParams
+from runtime.static_batch import StaticBatch
+from scheduler.process import build_scheduler
+
+VOCAB = 300
+
+
+class FakeIO:
+    def __init__(self) -> None:
+        self.inbox: list[Any] = []
+        self.outs: list[BatchTokenOut] = []
+        self.control: list[Any] = []
+
+    def recv(self, block: bool) -> list[Any]:
+        msgs, self.inbox = self.inbox, []
+        return msgs
+
+    def send_tokens(self, msg: BatchTokenOut) -> None:
+        self.outs.append(msg)
+
+    def send_control(self, msg: Any) -> None:
+        self.control.append(msg)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory, default_model_path: str) -> str:
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=512, eos_token_id=2,
+    )
+    path = tmp_path_factory.mktemp("tiny_llama")
+    transformers.LlamaForCausalLM(cfg).save_pretrained(path)
+    transformers.AutoTokenizer.from_pretrained(default_model_path).save_pretrained(path)
+    return str(path)
+
+
+def make(tiny_model: str, **overrides: Any):
+    io = FakeIO()
+    cfg = dict(model_path=tiny_model, device="cpu", dtype="float32", max_total_tokens=2048, max_running_requests=16)
+    cfg.update(overrides)
+    return build_scheduler(resolve_config(ServerConfig(**cfg)), io), io
+
+
+def submit(io: FakeIO, rid: str, prompt: list[int], **params: Any) -> None:
+    extra = {k: params.pop(k) for k in ("return_logprob", "logprob_start_len", "top_logprobs_num") if k in params}
+    sp = SamplingParams(**{"temperature": 0.0, "ignore_eos": True, **params})
+    io.inbox.append(GenerateReq(rid, prompt, sp, **extra))
+
+
+def run_until_idle(sched, io: FakeIO, max_steps: int = 5000) -> dict[str, dict[str, Any]]:
+    for _ in range(max_steps):
+        sched.step()
+        if sched.is_idle and not io.inbox:
+            break
+    else:
+        raise AssertionError("scheduler did not go idle")
+    sched.check_idle_integrity()
+    return collect(io)
+
+
+def collect(io: FakeIO) -> dict[str, dict[str, Any]]:
+    results: dict[str, dict[str, Any]] = {}
+    for out in io.outs:
+        for i, rid in enumerate(out.rids):
+            r = results.setdefault(rid, {"ids": [], "finish": None, "finishes": 0, "input_logprobs": None})
+            r["ids"] += out.new_ids[i]
+            r["cached"] = out.cached_tokens[i]
+            if out.input_logprobs[i] is not None:
+                r["input_logprobs"] = out.input_logprobs[i]
+            if out.finished_reasons[i] is not None:
+                r["finish"] = out.finished_reasons[i]
+                r["finishes"] += 1
+    io.outs.clear()
+    return results
+
+
+def workload(seed: int = 0, n: int = 12) -> list[list[int]]:
+    rng = random.Random(seed)
+    shared = [rng.randrange(3, VOCAB) for _ in range(24)]
+    prompts = []
+    for i in range(n):
+        own = [rng.randrange(3, VOCAB) for _ in range(rng.randrange(1, 40))]
+        prompts.append(shared[: rng.randrange(0, 24)] + own if i % 2 else own)
+    return prompts
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model: str) -> list[list[int]]:
+    engine = StaticBatch.create(tiny_model, dtype="float32", max_total_tokens=4096, max_running_requests=16)
+    return [engine.generate_greedy([p], 6)[0] for p in workload()]
+
+
+CONFIGS = [
+    dict(),
+    dict(chunked_prefill_size=8),
+    dict(chunked_prefill_size=8, disable_radix_cache=True),
+    dict(disable_radix_cache=True),
+    dict(max_total_tokens=96, chunked_prefill_size=16),  # tight pool: admission waits, eviction
+    dict(page_size=4, chunked_prefill_size=8),
+    dict(schedule_policy="lpm", max_running_requests=3),
+]
+
+
+@pytest.mark.parametrize("overrides", CONFIGS, ids=[str(c) for c in CONFIGS])
+def test_greedy_outputs_match_static_batch(tiny_model: str, reference: list[list[int]], overrides) -> None:
+    sched, io = make(tiny_model, **overrides)
+    for i, prompt in enumerate(workload()):
+        submit(io, f"r{i}", prompt, max_new_tokens=6)
+    results = run_until_idle(sched, io)
+    for i, expected in enumerate(reference):
+        r = results[f"r{i}"]
+        assert r["ids"] == expected, f"r{i}"
+        assert r["finishes"] == 1 and r["finish"] == {"type": "length", "length": 6}
+
+
+def test_repeat_prompt_hits_cache(tiny_model: str) -> None:
+    sched, io = make(tiny_model)
+    prompt = workload()[1] + list(range(10, 40))
+    submit(io, "a", prompt, max_new_tokens=5)
+    first = run_until_idle(sched, io)["a"]
+    submit(io, "b", prompt, max_new_tokens=5)
+    second = run_until_idle(sched, io)["b"]
+    assert first["cached"] == 0 and second["cached"] == len(prompt) - 1
+    assert first["ids"] == second["ids"]
+
+
+def test_abort_waiting_running_and_chunked(tiny_model: str) -> None:
+    sched, io = make(tiny_model, chunked_prefill_size=8, max_running_requests=2)
+    submit(io, "run", [5] * 10, max_new_tokens=200)
+    submit(io, "chunk", list(range(3, 60)), max_new_tokens=200)
+    submit(io, "wait", [7] * 5, max_new_tokens=200)
+    for _ in range(3):
+        sched.step()
+    assert sched.chunked is not None and sched.chunked.rid == "chunk"
+    io.inbox += [AbortReq("run"), AbortReq("chunk"), AbortReq("wait")]
+    results = run_until_idle(sched, io)
+    for rid in ("run", "chunk", "wait"):
+        assert results[rid]["finish"]["type"] == "abort" and results[rid]["finishes"] == 1, rid
+
+
+def test_abort_all_and_n_children_by_prefix(tiny_model: str) -> None:
+    sched, io = make(tiny_model)
+    for rid in ("p_0", "p_1", "p10", "q"):
+        submit(io, rid, [9, 8, 7], max_new_tokens=100)
+    sched.step()
+    io.inbox.append(AbortReq("p"))
+    sched.step()
+    results = collect(io)
+    assert {rid for rid, r in results.items() if r["finish"]} == {"p_0", "p_1"}
+    io.inbox.append(AbortReq(abort_all=True))
+    results = run_until_idle(sched, io)
+    assert results["p10"]["finish"]["type"] == "abort" and results["q"]["finish"]["type"] == "abort"
+
+
+def test_stop_token_and_eos(tiny_model: str, reference: list[list[int]]) -> None:
+    sched, io = make(tiny_model)
+    expected = reference[0]
+    submit(io, "s", workload()[0], max_new_tokens=6, stop_token_ids=[expected[2]])
+    results = run_until_idle(sched, io)
+    stop_at = expected.index(expected[2])
+    assert results["s"]["ids"] == expected[: stop_at + 1]
+    assert results["s"]["finish"] == {"type": "stop", "matched": expected[2]}
+
+
+def test_prefill_only_input_logprobs_match_hf(tiny_model: str) -> None:
+    prompt = workload()[3]
+    sched, io = make(tiny_model, chunked_prefill_size=8)
+    submit(io, "score", prompt, max_new_tokens=0, return_logprob=True, logprob_start_len=0)
+    r = run_until_idle(sched, io)["score"]
+    assert r["ids"] == [] and r["finish"] == {"type": "length", "length": 0}
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    with torch.no_grad():
+        logp = torch.log_softmax(hf(torch.tensor([prompt])).logits[0].float(), -1)
+    expected = [None] + [logp[i, prompt[i + 1]].item() for i in range(len(prompt) - 1)]
+    assert r["input_logprobs"][0] is None and len(r["input_logprobs"]) == len(prompt)
+    for got, want in zip(r["input_logprobs"][1:], expected[1:]):
+        assert math.isclose(got, want, abs_tol=1e-4)
+
+
+def test_rejects_oversized_and_keeps_serving(tiny_model: str) -> None:
+    sched, io = make(tiny_model, max_total_tokens=64)
+    submit(io, "huge", list(range(3, 100)), max_new_tokens=4)
+    submit(io, "ok", [4, 5, 6], max_new_tokens=4)
+    results = run_until_idle(sched, io)
+    assert results["huge"]["finish"]["type"] == "abort" and "KV" in results["huge"]["finish"]["message"]
+    assert results["ok"]["finish"]["type"] == "length"
+
+
+def test_flush_and_state(tiny_model: str) -> None:
+    sched, io = make(tiny_model)
+    submit(io, "a", [4, 5, 6, 7], max_new_tokens=3)
+    run_until_idle(sched, io)
+    io.inbox += [GetStateReq(1), FlushCacheReq(2), GetStateReq(3)]
+    sched.step()
+    before, flushed, after = io.control
+    assert before.state["integrity"] == "ok" and before.state["kv_evictable"] > 0
+    assert flushed.success and after.state["kv_evictable"] == 0
