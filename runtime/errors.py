@@ -18,3 +18,8 @@ class OutOfCapacity(RuntimeError):
 
 class UnsupportedModel(ValueError):
     """A checkpoint whose architecture radixserve does not implement."""
+
+
+class RuntimeCrashed(RuntimeError):
+    """A runtime child process died (or the runtime was shut down): in-flight and later requests
+    fail with this; the HTTP layer turns it into a 503 (or a stream error event)."""

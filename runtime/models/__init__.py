@@ -1,0 +1,29 @@
+"""The model registry: HF architecture name -> model class, and `build_model`."""
+
+from __future__ import annotations
+
+import torch
+
+from runtime.errors import UnsupportedModel
+from runtime.models.base import CausalLM
+from runtime.models.config import ModelConfig
+from runtime.models.llama import LlamaForCausalLM
+from runtime.models.qwen2 import Qwen2ForCausalLM
+from runtime.models.qwen3 import Qwen3ForCausalLM
+
+MODEL_REGISTRY: dict[str, type[CausalLM]] = {
+    arch: cls for cls in (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM) for arch in cls.architectures
+}
+
+
+def build_model(model_config: ModelConfig, dtype: torch.dtype, device: torch.device) -> CausalLM:
+    """An unloaded model (uninitialized weights) on `device`; fill it with `load_weights`."""
+    cls = MODEL_REGISTRY.get(model_config.architecture)
+    if cls is None:
+        raise UnsupportedModel(
+            f"unsupported model architecture {model_config.architecture!r}; supported: {', '.join(MODEL_REGISTRY)}"
+        )
+    return cls(model_config, dtype, device)
+
+
+__all__ = ["MODEL_REGISTRY", "CausalLM", "ModelConfig", "build_model"]

@@ -1,0 +1,29 @@
+"""RMSNorm computed in fp32 and cast back, with the fused residual-add form used between layers."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float, dtype: torch.dtype | None = None, device: torch.device | None = None) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim, dtype=dtype, device=device), requires_grad=False)
+        self.eps = eps
+        self.normalized_shape = (dim,)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """Without `residual`: norm(x). With it: (norm(x + residual), x + residual), as in SGLang.
+
+        The add happens in the activation dtype (as in HF); the normalization in fp32.
+        """
+        if residual is None:
+            return self._norm(x)
+        x = x + residual
+        return self._norm(x), x
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        # Same numbers as HF's (fp32 normalize, cast, then scale), in fewer ops.
+        return F.rms_norm(x.float(), self.normalized_shape, None, self.eps).to(x.dtype) * self.weight

@@ -1,0 +1,202 @@
+"""One decoder for Llama, Qwen2 and Qwen3, parameterized by `ModelConfig`.
+
+Per layer: RMSNorm -> fused qkv projection -> (Qwen3: per-head q/k RMSNorm) -> rotary ->
+backend attention (writes K/V to the paged pool) -> o_proj -> residual add + RMSNorm -> fused
+gate_up -> SiLU(gate) * up -> down. Activations (and rotary, as in HF) are in the model dtype; norms in fp32.
+
+Parameter names follow the HF checkpoint's, except the fused `qkv_proj` (q, k, v rows) and
+`gate_up_proj` (gate, up rows), which `load_weights` fills shard by shard.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kernels.base import AttentionBackend
+from kernels.linear import Linear
+from kernels.norm import RMSNorm
+from kernels.rotary import RotaryEmbedding
+from runtime.errors import UnsupportedModel
+from runtime.models.config import ModelConfig
+
+# Checkpoint tensors that carry no weights (precomputed rotary buffers of old exports).
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
+        kw = dict(dtype=dtype, device=device)
+        self.qkv_proj = Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=cfg.qkv_bias, **kw)
+        self.o_proj = Linear(cfg.q_size, cfg.hidden_size, bias=cfg.o_bias, **kw)
+        self.qk_norm = cfg.qk_norm
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, **kw)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, **kw)
+
+    def forward(self, h: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor], backend: AttentionBackend) -> torch.Tensor:
+        T, nh = h.shape[0], self.num_heads
+        qkv = self.qkv_proj(h)
+        # q and k are adjacent in qkv: rotate them together as one [T, nh + nkv, d] tensor.
+        qk = qkv[:, : self.q_size + self.kv_size].view(T, nh + self.num_kv_heads, self.head_dim)
+        v = qkv[:, self.q_size + self.kv_size :].view(T, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            qk = torch.cat([self.q_norm(qk[:, :nh]), self.k_norm(qk[:, nh:])], dim=1)
+        qk = RotaryEmbedding.apply(qk, cos_sin)
+        # NOTE: q, k and v are strided views (rows of a wider tensor); split dims with view, not flatten T.
+        out = backend.forward(self.layer_id, qk[:, :nh], qk[:, nh:], v)
+        return self.o_proj(out)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        kw = dict(bias=cfg.mlp_bias, dtype=dtype, device=device)
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, **kw)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, **kw)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(h).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        kw = dict(dtype=dtype, device=device)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **kw)
+        self.self_attn = Attention(cfg, layer_id, dtype, device)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **kw)
+        self.mlp = MLP(cfg, dtype, device)
+
+    def forward(self, h, residual, cos_sin, backend):
+        """(h, residual) -> (h, residual): the residual stream is added lazily by the next norm."""
+        if residual is None:
+            h, residual = self.input_layernorm(h), h
+        else:
+            h, residual = self.input_layernorm(h, residual)
+        h = self.self_attn(h, cos_sin, backend)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device)
+        self.embed_tokens.weight.requires_grad_(False)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, dtype, device) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype, device=device)
+        self.rotary = RotaryEmbedding(
+            cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling, dtype, device
+        )
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, backend: AttentionBackend) -> torch.Tensor:
+        h = self.embed_tokens(input_ids)
+        cos_sin = self.rotary.lookup(positions)
+        residual = None
+        for layer in self.layers:
+            h, residual = layer(h, residual, cos_sin, backend)
+        h, _ = self.norm(h, residual)
+        return h
+
+
+# HF projection name -> (fused module name, shard index). Shards are stacked along dim 0 in order.
+FUSED_SHARDS = {
+    "q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+}
+
+
+class CausalLM(nn.Module):
+    """The decoder plus lm_head; architecture classes (llama.py, qwen2.py, qwen3.py) subclass it."""
+
+    architectures: tuple[str, ...] = ()  # the HF `architectures` names a subclass serves
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        self.config, self.dtype, self.device = config, dtype, device
+        self.model = DecoderModel(config, dtype, device)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, dtype=dtype, device=device)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.is_packed = False
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, backend: AttentionBackend) -> torch.Tensor:
+        """input_ids, positions: int64 [T] -> final hidden states [T, hidden] (model dtype)."""
+        return self.model(input_ids, positions, backend)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, hidden] -> fp32 logits [N, vocab]. Pass only the rows that need logits."""
+        return self.lm_head(hidden).float()
+
+    def pack(self) -> None:
+        """Prepack every linear weight for the device, once, after loading."""
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.pack()
+        self.is_packed = True
+
+    def shard_sizes(self, param_name: str) -> list[int] | None:
+        """Rows of each stacked shard of a fused parameter (qkv_proj, gate_up_proj); None otherwise."""
+        c = self.config
+        module = param_name.split(".")[-2] if "." in param_name else ""
+        if module == "qkv_proj":
+            return [c.q_size, c.kv_size, c.kv_size]
+        if module == "gate_up_proj":
+            return [c.intermediate_size, c.intermediate_size]
+        return None
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy HF-named tensors into the (fused) parameters, casting to the model dtype.
+
+        Raises UnsupportedModel for a name the model does not know and ValueError for a shape
+        mismatch or, at the end, for any parameter the checkpoint did not provide.
+        """
+        assert not self.is_packed, "load_weights must run before pack()"
+        params = dict(self.named_parameters())
+        loaded: dict[str, set[int]] = {}
+        for name, tensor in named_tensors:
+            if name.endswith(IGNORED_SUFFIXES) or (name == "lm_head.weight" and self.config.tie_word_embeddings):
+                continue
+            target, shard = self._target(name, params)
+            loaded.setdefault(target, set()).add(shard)
+            _copy_checked(name, target, tensor, self._shard_view(params[target], target, shard))
+        self._check_all_loaded(params, loaded)
+
+    def _target(self, name: str, params: dict[str, nn.Parameter]) -> tuple[str, int]:
+        """(our parameter name, shard index) for one HF tensor name."""
+        parts = name.split(".")
+        if len(parts) >= 2 and parts[-2] in FUSED_SHARDS:
+            fused, shard = FUSED_SHARDS[parts[-2]]
+            target = ".".join(parts[:-2] + [fused, parts[-1]])
+        else:
+            target, shard = name, 0
+        if target not in params:
+            raise UnsupportedModel(f"checkpoint tensor {name!r} has no place in {self.config.architecture}")
+        return target, shard
+
+    def _shard_view(self, param: torch.Tensor, target: str, shard: int) -> torch.Tensor:
+        sizes = self.shard_sizes(target)
+        if sizes is None:
+            return param.data
+        return param.data.narrow(0, sum(sizes[:shard]), sizes[shard])
+
+    def _check_all_loaded(self, params: dict[str, nn.Parameter], loaded: dict[str, set[int]]) -> None:
+        missing = [name for name in params if loaded.get(name, set()) != set(range(len(self.shard_sizes(name) or [0])))]
+        if missing:
+            shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+            raise ValueError(f"checkpoint is missing {len(missing)} weight(s): {shown}")
+
+
+def _copy_checked(name: str, target: str, tensor: torch.Tensor, dest: torch.Tensor) -> None:
+    if tuple(tensor.shape) != tuple(dest.shape):
+        raise ValueError(f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, {target} expects {tuple(dest.shape)}")
+    dest.copy_(tensor)

@@ -1,0 +1,196 @@
+"""Our decoder against Hugging Face transformers on tiny random checkpoints written by the test."""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+import transformers
+
+from kernels.base import AttentionBackend, ForwardMetadata
+from runtime.errors import UnsupportedModel
+from runtime.models import MODEL_REGISTRY, ModelConfig, build_model
+from runtime.models.config import ARCHITECTURES
+from runtime.weights import load_model
+
+CPU = torch.device("cpu")
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, vocab_size=256, max_position_embeddings=512, rms_norm_eps=1e-6)
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+CHECKPOINTS = {
+    "llama_tied": ("LlamaConfig", "LlamaForCausalLM", dict(tie_word_embeddings=True)),
+    "llama_untied": ("LlamaConfig", "LlamaForCausalLM", dict(tie_word_embeddings=False)),
+    "llama3_rope": ("LlamaConfig", "LlamaForCausalLM", dict(rope_parameters=LLAMA3_ROPE)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=False)),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=32, tie_word_embeddings=True)),
+}
+
+
+class DenseBackend(AttentionBackend):
+    """Test oracle for one sequence without a cache: causal SDPA over exactly the given k/v."""
+
+    def plan(self, meta: ForwardMetadata) -> None:
+        pass
+
+    def forward(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        T, nh, d = q.shape
+        group = nh // k.shape[1]
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        o = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True)
+        return o.transpose(0, 1).reshape(T, nh * d)
+
+
+def write_checkpoint(path, key: str, seed: int = 0, **save_kwargs):
+    """Save a tiny HF model with every weight random (biases and norms too); return it in fp32."""
+    config_cls, model_cls, extra = CHECKPOINTS[key]
+    config = getattr(transformers, config_cls)(**TINY, **extra)
+    torch.manual_seed(seed)
+    hf = getattr(transformers, model_cls)(config).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            p.normal_(1.0 if "norm" in name else 0.0, 0.2)
+    hf.save_pretrained(path, **save_kwargs)
+    return hf
+
+
+def model_config(path) -> ModelConfig:
+    import json
+
+    with open(os.path.join(path, "config.json")) as fh:
+        return ModelConfig.from_hf(json.load(fh))
+
+
+def our_logits(model, ids: torch.Tensor) -> torch.Tensor:
+    with torch.inference_mode():
+        hidden = model(ids, torch.arange(len(ids)), DenseBackend())
+        return model.compute_logits(hidden)
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    out = {}
+    for key in CHECKPOINTS:
+        path = tmp_path_factory.mktemp(key)
+        out[key] = (path, write_checkpoint(path, key))
+    return out
+
+
+@pytest.mark.parametrize("key", list(CHECKPOINTS))
+def test_matches_hf_fp32(checkpoints, key):
+    path, hf = checkpoints[key]
+    ids = torch.randint(0, TINY["vocab_size"], (40,), generator=torch.Generator().manual_seed(1))
+    model = load_model(str(path), model_config(path), torch.float32, CPU)
+    with torch.no_grad():
+        want = hf(ids[None]).logits[0]
+    got = our_logits(model, ids)
+    assert got.dtype == torch.float32 and got.shape == want.shape
+    assert rel_err(got, want) <= 1e-5
+    assert rel_err(got[-1], want[-1]) <= 1e-5
+
+
+@pytest.mark.parametrize("key", ["llama_tied", "qwen2", "qwen3"])
+def test_matches_hf_bf16(checkpoints, key):
+    """bf16 against the fp32 reference: within 2e-2, or at least as close as HF's own bf16 run."""
+    path, hf = checkpoints[key]
+    ids = torch.randint(0, TINY["vocab_size"], (40,), generator=torch.Generator().manual_seed(2))
+    model = load_model(str(path), model_config(path), torch.bfloat16, CPU)
+    with torch.no_grad():
+        want = hf(ids[None]).logits[0]
+        hf_bf16 = copy.deepcopy(hf).to(torch.bfloat16)(ids[None]).logits[0]
+    got = our_logits(model, ids)
+    assert got.dtype == torch.float32
+    # The weights are large (std 0.2) to make attention matter, so bf16 rounding alone is ~2%.
+    bound = max(2e-2, 1.25 * rel_err(hf_bf16, want))
+    assert rel_err(got, want) <= bound
+    assert rel_err(got[-1], want[-1]) <= max(bound, 1.25 * rel_err(hf_bf16[-1], want[-1]))
+
+
+def test_unpacked_equals_packed(checkpoints):
+    path, _ = checkpoints["qwen2"]
+    cfg = model_config(path)
+    packed = load_model(str(path), cfg, torch.float32, CPU)
+    plain = build_model(cfg, torch.float32, CPU)
+    from runtime.weights import iter_safetensors
+
+    plain.load_weights(iter_safetensors(str(path)))
+    ids = torch.arange(30) % TINY["vocab_size"]
+    assert packed.lm_head.packed is not None and plain.lm_head.packed is None
+    assert rel_err(our_logits(packed, ids), our_logits(plain, ids)) <= 1e-5
+
+
+def test_tied_and_untied(checkpoints):
+    tied = load_model(str(checkpoints["llama_tied"][0]), model_config(checkpoints["llama_tied"][0]), torch.float32, CPU)
+    untied_path = checkpoints["llama_untied"][0]
+    untied = build_model(model_config(untied_path), torch.float32, CPU)
+    assert untied.lm_head.weight is not untied.model.embed_tokens.weight
+    assert tied.config.tie_word_embeddings and not untied.config.tie_word_embeddings
+    # Tied: no lm_head tensor is needed, and the packed lm_head leaves the embedding in place.
+    assert tied.model.embed_tokens.weight.shape == (TINY["vocab_size"], TINY["hidden_size"])
+    # Untied: lm_head.weight is required.
+    from runtime.weights import iter_safetensors
+
+    tensors = [(n, t) for n, t in iter_safetensors(str(untied_path)) if n != "lm_head.weight"]
+    with pytest.raises(ValueError, match="lm_head.weight"):
+        untied.load_weights(tensors)
+
+
+def test_unknown_and_missing_weights(checkpoints):
+    path, _ = checkpoints["qwen3"]
+    from runtime.weights import iter_safetensors
+
+    tensors = list(iter_safetensors(str(path)))
+    model = build_model(model_config(path), torch.float32, CPU)
+    with pytest.raises(UnsupportedModel, match="model.layers.0.mlp.bogus.weight"):
+        model.load_weights(tensors + [("model.layers.0.mlp.bogus.weight", torch.zeros(1))])
+    with pytest.raises(ValueError, match="qkv_proj"):
+        model.load_weights([(n, t) for n, t in tensors if "k_proj" not in n])
+    model.load_weights(tensors + [("model.layers.0.self_attn.rotary_emb.inv_freq", torch.zeros(4))])
+
+
+def test_unknown_architecture_lists_supported():
+    hf = {**TINY, "num_hidden_layers": 1, "architectures": ["GPT2LMHeadModel"]}
+    with pytest.raises(UnsupportedModel) as err:
+        ModelConfig.from_hf(hf)
+    for name in ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"):
+        assert name in str(err.value)
+    assert set(MODEL_REGISTRY) == set(ARCHITECTURES)
+
+
+def test_config_rope_formats_agree():
+    base = {**TINY, "num_hidden_layers": 1, "architectures": ["LlamaForCausalLM"], "eos_token_id": [1, 2]}
+    legacy_scaling = {k: v for k, v in LLAMA3_ROPE.items() if k != "rope_theta"}
+    legacy = ModelConfig.from_hf({**base, "rope_theta": 500000.0, "rope_scaling": {**legacy_scaling, "type": "llama3"},
+                                  "torch_dtype": "bfloat16"})
+    v5 = ModelConfig.from_hf({**base, "rope_parameters": dict(LLAMA3_ROPE), "dtype": "bfloat16"})
+    assert legacy == v5
+    assert v5.rope_theta == 500000.0 and v5.rope_scaling["factor"] == 8.0 and v5.eos_token_ids == (1, 2)
+    assert v5.torch_dtype == "bfloat16" and v5.head_dim == 16
+    plain = ModelConfig.from_hf({**base, "rope_parameters": {"rope_type": "default", "rope_theta": 1e4}})
+    assert plain.rope_scaling is None and plain.rope_theta == 1e4
+    qwen2 = ModelConfig.from_hf({**base, "architectures": ["Qwen2ForCausalLM"]})
+    assert qwen2.qkv_bias and not qwen2.o_bias and not qwen2.qk_norm
+    assert ModelConfig.from_hf({**base, "architectures": ["Qwen3ForCausalLM"], "head_dim": 32}).qk_norm
+
+
+def test_default_model_matches_hf(default_model_path):
+    path = default_model_path
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    ids = torch.tensor(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)["input_ids"])
+    model = load_model(path, model_config(path), torch.float32, CPU)
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = hf(ids[None]).logits[0, -1]
+    got = our_logits(model, ids)[-1]
+    assert rel_err(got, want) <= 1e-4
+    assert got.argmax() == want.argmax()
