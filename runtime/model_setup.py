@@ -14,6 +14,7 @@ import torch
 from kernels.base import AttentionBackend
 from runtime.config import ServerConfig, read_model_json
 from runtime.device import DTYPES, dtype_name, resolve_attention_backend, resolve_device, resolve_dtype
+from runtime.errors import InvalidRequest
 from runtime.kv_pool import KVPool, ReqToTokenPool
 from runtime.models.config import ModelConfig
 
@@ -39,6 +40,12 @@ def resolve_config(config: ServerConfig) -> ServerConfig:
     if chunk is None:
         chunk = CUDA_DEFAULT_CHUNK if device.type == "cuda" else CPU_DEFAULT_CHUNK
     context = config.context_length or model_config.max_position_embeddings
+    if context > model_config.max_position_embeddings:
+        raise InvalidRequest(
+            f"context_length {context} exceeds the model's max_position_embeddings "
+            f"{model_config.max_position_embeddings}",
+            param="context_length",
+        )
     max_total = config.max_total_tokens
     if max_total is None and device.type == "cpu":
         max_total = CPU_DEFAULT_KV_TOKENS

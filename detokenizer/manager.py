@@ -1,0 +1,162 @@
+"""The detokenizer process: BatchTokenOut (token id deltas) in, BatchStrOut (text deltas) out.
+
+Sockets (ARCHITECTURE §1; the receiving side binds):
+    PULL  bind     "detokenizer"   BatchTokenOut from the scheduler, ShutdownReq from the launcher
+    PUSH  connect  "tokenizer"     BatchStrOut, and SchedulerCrashed if this process dies
+
+One BatchStrOut per BatchTokenOut, decoded through one `DecodeStateTable.feed_batch` call (one
+`batch_decode` per option group), so the cost per scheduler step does not grow with messages.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any
+
+from detokenizer.incremental import DecodeOptions, DecodeStateTable, Tokenizer
+from runtime.codec import TypeDispatcher, encode
+from runtime.config import ServerConfig
+from runtime.ipc import IpcDir, PullSocket, PushSocket, new_context
+from runtime.messages import BatchStrOut, BatchTokenOut, ChildReady, SchedulerCrashed, ShutdownReq
+
+logger = logging.getLogger("radixserve.detokenizer")
+
+RECV_TIMEOUT_MS = 1000  # the loop wakes at least this often (shutdown flag, liveness)
+MAX_DECODE_STATES = 65536  # SGLang's SGLANG_DETOKENIZER_MAX_STATES
+
+
+class DetokenizerManager:
+    """Turns token-id batches into text-delta batches; pure apart from the tokenizer."""
+
+    def __init__(self, tokenizer: Tokenizer, capacity: int = MAX_DECODE_STATES) -> None:
+        self.table = DecodeStateTable(tokenizer, capacity)
+
+    def handle_batch(self, out: BatchTokenOut) -> BatchStrOut:
+        """Decode one scheduler step: every request's new text, other fields passed through.
+
+        A request that finished on a stop token (`matched_stop_token`) does not decode that
+        token unless `no_stop_trim`; its id still appears in `output_ids`.
+        """
+        finished = [reason is not None for reason in out.finished_reasons]
+        trim = [
+            done and matched and not keep and len(ids) > 0
+            for done, matched, keep, ids in zip(
+                finished, out.matched_stop_token, out.no_stop_trim, out.new_ids
+            )
+        ]
+        texts = self.table.feed_batch(
+            out.rids,
+            out.new_ids,
+            finished,
+            trim_last_token=trim,
+            prompt_tails=out.decode_prefix,
+            options=self._new_options(out),
+        )
+        return BatchStrOut(
+            rids=out.rids,
+            finished_reasons=out.finished_reasons,
+            texts=texts,
+            output_ids=out.new_ids,
+            prompt_tokens=out.prompt_tokens,
+            completion_tokens=out.completion_tokens,
+            cached_tokens=out.cached_tokens,
+            output_logprobs=out.output_logprobs,
+            output_top_logprobs=out.output_top_logprobs,
+            input_logprobs=out.input_logprobs,
+            input_top_logprobs=out.input_top_logprobs,
+            input_ids_for_logprobs=out.input_ids_for_logprobs,
+        )
+
+    def _new_options(self, out: BatchTokenOut) -> list[DecodeOptions | None]:
+        """Decode options for rids the table does not know yet (None for known ones)."""
+        return [
+            None
+            if rid in self.table
+            else DecodeOptions(
+                skip_special_tokens=out.skip_special_tokens[i],
+                spaces_between_special_tokens=out.spaces_between_special_tokens[i],
+                stop=tuple(out.stop_strs[i]),
+                no_stop_trim=out.no_stop_trim[i],
+            )
+            for i, rid in enumerate(out.rids)
+        ]
+
+
+class _DetokenizerLoop:
+    """The process loop: recv -> handle -> send, until ShutdownReq."""
+
+    def __init__(self, manager: DetokenizerManager, ipc_path: str) -> None:
+        ipc = IpcDir(ipc_path)
+        self.manager = manager
+        self.ctx = new_context()
+        self.inbox = PullSocket(self.ctx, ipc.endpoint("detokenizer"), bind=True)
+        self.to_tokenizer = PushSocket(self.ctx, ipc.endpoint("tokenizer"))
+        self.running = True
+        self.dispatch = TypeDispatcher(
+            {BatchTokenOut: self._on_batch, ShutdownReq: self._on_shutdown}
+        )
+
+    def run(self) -> None:
+        while self.running:
+            msg = self.inbox.recv(timeout_ms=RECV_TIMEOUT_MS)
+            if msg is not None:
+                self.dispatch(msg)
+
+    def _on_batch(self, msg: BatchTokenOut) -> None:
+        self.to_tokenizer.send(self.manager.handle_batch(msg))
+
+    def _on_shutdown(self, _: ShutdownReq) -> None:
+        logger.info("shutting down")
+        self.running = False
+
+    def close(self) -> None:
+        self.inbox.close()
+        self.to_tokenizer.close()
+        self.ctx.term()
+
+
+def load_tokenizer(config: ServerConfig) -> Any:
+    """The Hugging Face tokenizer of the served model."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(config.tokenizer_path or config.model_path)
+
+
+def run_detokenizer_process(config: ServerConfig, ipc_path: str, ready_conn: Connection) -> None:
+    """Entry point of the detokenizer process (spawned by `runtime.launch`)."""
+    from runtime.procutil import configure_child, watch_parent
+
+    configure_child(config, "detokenizer")
+    watch_parent()
+    loop: _DetokenizerLoop | None = None
+    try:
+        loop = _DetokenizerLoop(DetokenizerManager(load_tokenizer(config)), ipc_path)
+        ready_conn.send_bytes(encode(ChildReady("detokenizer", {})))
+        loop.run()
+    except Exception:
+        tb = traceback.format_exc()
+        logger.error("detokenizer crashed:\n%s", tb)
+        _report_crash(loop, ipc_path, tb)
+        sys.exit(1)
+    finally:
+        if loop is not None:
+            loop.close()
+
+
+def _report_crash(loop: _DetokenizerLoop | None, ipc_path: str, tb: str) -> None:
+    """Tell the main process (best effort: the socket may be what failed)."""
+    crash = SchedulerCrashed("detokenizer", tb)
+    try:
+        if loop is not None:
+            loop.to_tokenizer.send(crash)
+            return
+        ctx = new_context()
+        push = PushSocket(ctx, IpcDir(ipc_path).endpoint("tokenizer"))
+        push.send(crash)
+        push.close()
+        ctx.term()
+    except Exception:
+        logger.exception("could not report the crash to the main process")

@@ -1,0 +1,217 @@
+"""TokenizerManager through all three processes: the fake scheduler, the real detokenizer
+process and the default model's tokenizer, driven by the Engine (one runtime for the module).
+
+The fake scheduler "generates" the prompt ids in reverse order, one token per step, so every
+expected text is `decode(reversed(prompt)[:max_new_tokens])`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any
+
+import pytest
+
+from runtime.config import ServerConfig
+from runtime.engine import Engine
+from runtime.errors import InvalidRequest
+from tests.runtime.fake_scheduler import run_fake_scheduler
+
+CONTEXT = 256
+WAIT_S = 15.0
+
+
+@pytest.fixture(scope="module")
+def engine(default_model_path: str) -> Iterator[Engine]:
+    config = ServerConfig(model_path=default_model_path, context_length=CONTEXT, max_n=4)
+    eng = Engine.from_config(config, scheduler_target=run_fake_scheduler)
+    yield eng
+    eng.shutdown()
+
+
+def _run(engine: Engine, coro: Coroutine[Any, Any, Any], timeout: float = WAIT_S) -> Any:
+    return asyncio.run_coroutine_threadsafe(coro, engine.loop).result(timeout)
+
+
+def _expected(engine: Engine, prompt_ids: list[int], n: int) -> str:
+    rev = prompt_ids[::-1]
+    ids = [rev[i % len(rev)] for i in range(n)]
+    return engine.tokenizer_manager.tokenizer.decode(ids)
+
+
+def _received(engine: Engine) -> list[list[str]]:
+    return engine.get_state()["received"]
+
+
+def _wait_for(cond: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_round_trip(engine: Engine) -> None:
+    prompt = "The quick brown fox jumps"
+    ids = engine.tokenizer_manager.tokenizer.encode(prompt)
+    out = engine.generate(prompt, {"max_new_tokens": 4}, rid="rt")
+    assert out["text"] == _expected(engine, ids, 4)
+    assert out["output_ids"] == ids[::-1][:4]
+    meta = out["meta_info"]
+    assert meta["id"] == "rt" and meta["finish_reason"] == {"type": "length", "length": 4}
+    assert meta["prompt_tokens"] == len(ids) and meta["completion_tokens"] == 4
+    assert meta["cached_tokens"] == 0
+    assert meta["e2e_latency"] > 0 and "output_token_logprobs" not in meta
+
+
+def test_streaming_is_cumulative(engine: Engine) -> None:
+    ids = engine.tokenizer_manager.tokenizer.encode("alpha beta gamma delta")
+    chunks = list(engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 6},
+                                  stream=True))
+    assert len(chunks) >= 2
+    for prev, cur in zip(chunks, chunks[1:]):
+        assert cur["text"].startswith(prev["text"])
+        assert cur["output_ids"][: len(prev["output_ids"])] == prev["output_ids"]
+    assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-1])
+    final = chunks[-1]
+    assert final["meta_info"]["finish_reason"] == {"type": "length", "length": 6}
+    assert final["text"] == _expected(engine, ids, 6) and len(final["output_ids"]) == 6
+
+
+def test_batch_and_parallel_sampling_with_warmup(engine: Engine) -> None:
+    outs = engine.generate(["one two", "three four five"], {"max_new_tokens": 2}, rid="b")
+    assert [o["meta_info"]["id"] for o in outs] == ["b_0", "b_1"]
+    tok = engine.tokenizer_manager.tokenizer
+    assert [o["text"] for o in outs] == [_expected(engine, tok.encode(p), 2)
+                                         for p in ("one two", "three four five")]
+    outs = engine.generate("six seven", {"max_new_tokens": 3, "n": 3}, rid="par")
+    assert [o["meta_info"]["id"] for o in outs] == ["par_0", "par_1", "par_2"]
+    assert len({o["text"] for o in outs}) == 1
+    got = [rid for kind, rid in _received(engine)
+           if kind == "GenerateReq" and rid.startswith("par")]
+    assert got == ["par_warmup", "par_0", "par_1", "par_2"]  # the warm-up goes first
+
+
+def test_seeded_parallel_samples_get_distinct_seeds(engine: Engine) -> None:
+    engine.generate("seeds", {"max_new_tokens": 1, "n": 3, "seed": 41}, rid="sd")
+    seeds = engine.get_state()["seeds"]
+    assert [seeds[f"sd_{j}"] for j in range(3)] == [41, 42, 43]
+
+
+def test_apply_chat_template(engine: Engine) -> None:
+    async def render() -> str:
+        return engine.tokenizer_manager.apply_chat_template([{"role": "user", "content": "Hi!"}])
+
+    text = _run(engine, render())
+    assert isinstance(text, str) and "Hi!" in text and text.rstrip().endswith("assistant")
+
+
+def test_streamed_batch_chunks_carry_index(engine: Engine) -> None:
+    chunks = list(engine.generate(["a b c", "d e f g"], {"max_new_tokens": 3}, stream=True))
+    finals = {c["index"]: c for c in chunks if c["meta_info"]["finish_reason"] is not None}
+    assert sorted(finals) == [0, 1] and all(len(c["output_ids"]) == 3 for c in finals.values())
+
+
+def test_logprobs_and_stop_token(engine: Engine) -> None:
+    ids = [100, 200, 300, 400]
+    params = {"max_new_tokens": 9, "stop_token_ids": [200]}
+    out = engine.generate(input_ids=ids, sampling_params=params,
+                          return_logprob=True, logprob_start_len=0, top_logprobs_num=2,
+                          return_text_in_logprobs=True)
+    meta = out["meta_info"]
+    assert out["output_ids"] == [400, 300, 200]
+    assert meta["finish_reason"] == {"type": "stop", "matched": 200}
+    # The stop token is not decoded into the text.
+    assert out["text"] == engine.tokenizer_manager.tokenizer.decode([400, 300])
+    assert [e[:2] for e in meta["input_token_logprobs"]] == [
+        [None, 100], [-1.0, 200], [-1.0, 300], [-1.0, 400]]
+    assert all(isinstance(e[2], str) for e in meta["output_token_logprobs"])
+    assert meta["input_top_logprobs"][0] is None and len(meta["input_top_logprobs"][1]) == 2
+    assert [len(t) for t in meta["output_top_logprobs"]] == [2, 2, 2]
+
+
+def test_prefill_only_request(engine: Engine) -> None:
+    out = engine.generate(input_ids=[5, 6, 7], sampling_params={"max_new_tokens": 0},
+                          return_logprob=True, logprob_start_len=1)
+    assert out["text"] == "" and out["output_ids"] == []
+    assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 0}
+    assert out["meta_info"]["input_token_logprobs"] == [[-1.0, 6, None], [-1.0, 7, None]]
+
+
+def test_abort_running_request(engine: Engine) -> None:
+    result: dict[str, Any] = {}
+    worker = threading.Thread(target=lambda: result.update(
+        engine.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 200}, rid="long")))
+    worker.start()
+    _wait_for(lambda: "long" in engine.get_state()["running"], "the request to run")
+    engine.abort("long")
+    worker.join(WAIT_S)
+    assert result["meta_info"]["finish_reason"]["type"] == "abort"
+    assert 0 < len(result["output_ids"]) < 200
+
+
+def test_cancelled_consumer_sends_abort(engine: Engine) -> None:
+    tm = engine.tokenizer_manager
+    started = threading.Event()
+
+    async def consume() -> None:
+        async for _ in tm.generate({"input_ids": [9, 8, 7], "rid": "cancel-me", "stream": True,
+                                    "sampling_params": {"max_new_tokens": 200}}):
+            started.set()
+
+    future = asyncio.run_coroutine_threadsafe(consume(), engine.loop)
+    assert started.wait(WAIT_S)
+    future.cancel()
+    _wait_for(lambda: ["AbortReq", "cancel-me"] in _received(engine), "the AbortReq")
+    _wait_for(lambda: "cancel-me" not in engine.get_state()["running"], "the abort")
+    assert "cancel-me" not in tm.rid_to_state
+
+
+def test_breaking_out_of_a_stream_aborts(engine: Engine) -> None:
+    for chunk in engine.generate(input_ids=[4, 5, 6], sampling_params={"max_new_tokens": 200},
+                                 rid="brk", stream=True):
+        assert chunk["meta_info"]["finish_reason"] is None
+        break
+    _wait_for(lambda: ["AbortReq", "brk"] in _received(engine), "the AbortReq")
+    assert "brk" not in engine.tokenizer_manager.rid_to_state
+
+
+def test_flush_cache_and_server_info(engine: Engine) -> None:
+    assert engine.flush_cache() is True
+    info = engine.get_server_info()
+    assert info["vocab_size"] == 49152 and info["context_length"] == CONTEXT
+    assert "api_key" not in info and info["internal_states"][0]["running"] == []
+
+
+@pytest.mark.parametrize("kwargs, param", [
+    ({"prompt": "ok", "sampling_params": {"temperature": -1}}, "temperature"),
+    ({"prompt": "ok", "sampling_params": {"bogus": 1}}, "bogus"),
+    ({"input_ids": [1, 49152]}, "input_ids"),
+    ({"input_ids": [[1, 2], [3, 10**6]]}, "input_ids"),
+    ({"prompt": "hello " * 300}, "text"),
+    ({"input_ids": [1] * 200, "sampling_params": {"max_new_tokens": 100}}, "max_new_tokens"),
+    ({"prompt": "ok", "sampling_params": {"n": 5}}, "n"),
+    ({"prompt": "ok", "return_logprob": True, "top_logprobs_num": 50}, "top_logprobs_num"),
+    ({"input_ids": [1, 2], "logprob_start_len": 2}, "logprob_start_len"),
+    ({"prompt": ["fine", "also fine"], "sampling_params": [{}, {"top_p": 0}]}, "top_p"),
+])
+def test_invalid_requests_raise_and_send_nothing(
+    engine: Engine, kwargs: dict[str, Any], param: str
+) -> None:
+    before = len(_received(engine))
+    with pytest.raises(InvalidRequest) as info:
+        engine.generate(**kwargs)
+    assert info.value.param == param, info.value.message
+    assert len(_received(engine)) == before + 1  # only our own GetStateReq arrived
+
+
+def test_rid_in_use_is_rejected(engine: Engine) -> None:
+    it = engine.generate(input_ids=[1, 2], sampling_params={"max_new_tokens": 200}, rid="dup",
+                         stream=True)
+    next(it)
+    with pytest.raises(InvalidRequest) as info:
+        engine.generate(input_ids=[1, 2], rid="dup")
+    assert info.value.param == "rid"
+    it.close()  # type: ignore[attr-defined]

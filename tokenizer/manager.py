@@ -1,0 +1,395 @@
+"""The TokenizerManager: the main process's side of the runtime (SGLang's TokenizerManager).
+
+It tokenizes and validates /generate requests, sends them to the scheduler, and wakes each
+request's waiter when the detokenizer's BatchStrOut arrives. One instance runs on one asyncio
+loop (the HTTP server's, or the Engine's background loop); nothing here is thread-safe except
+`fail_all_threadsafe`.
+
+    PUSH  connect  "scheduler"   GenerateReq, AbortReq, FlushCacheReq, GetStateReq
+    PULL  bind     "tokenizer"   BatchStrOut (detokenizer); FlushCacheOut, StateOut,
+                                 SchedulerCrashed (scheduler or detokenizer)
+
+Text prompts are encoded with the tokenizer's default `add_special_tokens=True`, as SGLang does.
+A caller that applies a chat template itself should pass the resulting ids (`input_ids`), not its
+text, when the template already contains the BOS token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from runtime.codec import TypeDispatcher
+from runtime.config import ServerConfig
+from runtime.errors import InvalidRequest, RuntimeCrashed
+from runtime.ipc import AsyncPullSocket, IpcDir, PushSocket, new_context
+from runtime.messages import (
+    AbortReq, BatchStrOut, FlushCacheOut, FlushCacheReq, GenerateReq, GetStateReq,
+    SchedulerCrashed, StateOut,
+)
+from runtime.sampling import SamplingParams
+from tokenizer.io import (
+    Group, ReqState, SingleRequest, apply_output, build_output, normalize_generate,
+)
+
+logger = logging.getLogger("radixserve.tokenizer")
+
+CONTROL_TIMEOUT_S = 30.0
+WARMUP_SUFFIX = "_warmup"  # NOTE: "_"-separated, so aborting the parent rid aborts it too
+SEED_LIMIT = 1 << 63  # SamplingParams.seed is in [0, 2**63)
+GenerateOutput = dict[str, Any] | list[dict[str, Any]]
+
+
+@dataclasses.dataclass(slots=True)
+class _Prepared:
+    """One validated prompt: its GenerateReq (n children copy it) and its fan-out."""
+
+    req: GenerateReq
+    single: SingleRequest
+    n: int
+
+
+class TokenizerManager:
+    """Tokenize, send, and collect results of generation requests; see the module docstring.
+
+    Args:
+        scheduler_info: the scheduler's ChildReady info (vocab_size, context_length, ...).
+    """
+
+    def __init__(self, config: ServerConfig, ipc_path: str, scheduler_info: dict[str, Any]) -> None:
+        from transformers import AutoTokenizer
+
+        self.config = config
+        self.scheduler_info = scheduler_info
+        self.vocab_size: int = scheduler_info["vocab_size"]
+        self.context_length: int = scheduler_info.get("context_length") or config.context_length
+        self.tokenizer = AutoTokenizer.from_pretrained(config.tokenizer_path or config.model_path)
+        ipc = IpcDir(ipc_path)
+        self._ctx = new_context()
+        self._to_scheduler = PushSocket(self._ctx, ipc.endpoint("scheduler"), linger_ms=500)
+        self._inbox = AsyncPullSocket(self._ctx, ipc.endpoint("tokenizer"), bind=True)
+        self.rid_to_state: dict[str, ReqState] = {}
+        self.dead_reason: str | None = None
+        self.on_dead: Callable[[str], None] | None = None
+        """Called once (on the loop) when the runtime fails, e.g. to shut the tree down."""
+        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._req_ids = itertools.count(1)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._dispatch = TypeDispatcher({
+            BatchStrOut: self._on_batch, FlushCacheOut: self._on_control,
+            StateOut: self._on_control, SchedulerCrashed: self._on_crash,
+        })
+
+    @property
+    def is_healthy(self) -> bool:
+        return self.dead_reason is None
+
+    async def start(self) -> None:
+        """Start the receive loop on the running event loop."""
+        self._loop = asyncio.get_running_loop()
+        self._task = self._loop.create_task(self._recv_loop(), name="tokenizer-recv")
+
+    async def close(self) -> None:
+        """Stop the receive loop and close the sockets (requests still waiting are failed)."""
+        self.fail_all("the runtime was shut down", level=logging.INFO)
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        self._to_scheduler.close()
+        self._inbox.close()
+        self._ctx.term()
+
+    # ------------------------------------------------------------ generation
+
+    def generate(self, body: dict[str, Any]) -> AsyncIterator[GenerateOutput]:
+        """Validate and tokenize a /generate body now, and return the iterator of its results.
+
+        Everything is checked before anything is sent, so `InvalidRequest` (or `RuntimeCrashed`)
+        raises here, before iteration, and a bad prompt in a batch rejects the whole batch.
+        Iteration yields, for a single prompt with n=1: cumulative chunks while streaming and
+        then the final result (exactly one result without streaming); for a batch or n>1: one
+        list without streaming, or chunks tagged with "index" (prompt-major: i * n + j).
+        Closing the iterator early, or cancelling its consumer, aborts what is still running.
+        """
+        self._check_alive()
+        normalized = normalize_generate(body)
+        prepared = [self._prepare(single) for single in normalized.requests]
+        rids = [r for p in prepared for r in self._rids_of(p)]
+        taken = [r for r in rids if r in self.rid_to_state]
+        if taken or len(set(rids)) != len(rids):
+            raise InvalidRequest(f"rid {(taken or rids)[0]!r} is already in use", param="rid")
+        fan_out = normalized.is_batch or any(p.n > 1 for p in prepared)
+        return self._run(prepared, fan_out, normalized.requests[0].stream)
+
+    def _prepare(self, single: SingleRequest) -> _Prepared:
+        if single.input_ids is not None:
+            ids = single.input_ids
+        else:
+            ids = self.tokenizer.encode(single.text)
+        params = SamplingParams.from_dict(single.sampling_params)
+        params.validate(self.vocab_size)
+        self._check_limits(single, ids, params)
+        req = GenerateReq(
+            rid=single.rid, input_ids=list(ids),
+            sampling_params=dataclasses.replace(params, n=1),
+            return_logprob=single.return_logprob, logprob_start_len=single.logprob_start_len,
+            top_logprobs_num=single.top_logprobs_num, stream=single.stream,
+        )
+        return _Prepared(req, single, params.n)
+
+    def _check_limits(self, single: SingleRequest, ids: list[int], params: SamplingParams) -> None:
+        field, limit = single.prompt_field, self.context_length
+        if not ids:
+            raise InvalidRequest(f"{field} encodes to no tokens", param=field)
+        if max(ids) >= self.vocab_size:
+            raise InvalidRequest(
+                f"{field}: token id {max(ids)} is outside [0, {self.vocab_size})", param=field)
+        if len(ids) > limit:
+            raise InvalidRequest(f"The input ({len(ids)} tokens) is longer than the model's "
+                                 f"context length ({limit} tokens).", param=field)
+        if len(ids) + params.max_new_tokens > limit:
+            raise InvalidRequest(
+                f"Requested token count exceeds the model's maximum context length of {limit} "
+                f"tokens. You requested a total of {len(ids) + params.max_new_tokens} tokens: "
+                f"{len(ids)} tokens from the input and {params.max_new_tokens} tokens for the "
+                "completion (max_new_tokens). Reduce the input or max_new_tokens.",
+                param="max_new_tokens")
+        if params.n > self.config.max_n:
+            raise InvalidRequest(f"n must be <= {self.config.max_n}, got {params.n}", param="n")
+        if single.top_logprobs_num > self.config.max_top_logprobs:
+            raise InvalidRequest(f"top_logprobs_num must be <= {self.config.max_top_logprobs}",
+                                 param="top_logprobs_num")
+        if single.logprob_start_len >= len(ids):
+            raise InvalidRequest(f"logprob_start_len must be < the prompt length {len(ids)}",
+                                 param="logprob_start_len")
+
+    @staticmethod
+    def _rids(p: _Prepared) -> list[str]:
+        return [p.req.rid] if p.n == 1 else [f"{p.req.rid}_{j}" for j in range(p.n)]
+
+    def _rids_of(self, p: _Prepared) -> list[str]:
+        warm = [p.req.rid + WARMUP_SUFFIX] if p.n > 1 else []
+        return warm + self._rids(p)
+
+    async def _run(
+        self, prepared: list[_Prepared], fan_out: bool, stream: bool
+    ) -> AsyncIterator[GenerateOutput]:
+        owned: list[ReqState] = []
+        try:
+            group, states = await self._dispatch_all(prepared, owned)
+            results: list[dict[str, Any]] = [{} for _ in states]
+            async for i, out in self._updates(group, states, stream):
+                if not fan_out:
+                    yield out
+                elif stream:
+                    yield {**out, "index": i}
+                else:
+                    results[i] = out
+            if fan_out and not stream:
+                yield results
+        finally:
+            # NOTE: the one place that aborts on cancellation, early close or error.
+            self._abort_unfinished(owned)
+
+    async def _dispatch_all(
+        self, prepared: list[_Prepared], owned: list[ReqState]
+    ) -> tuple[Group, list[ReqState]]:
+        """Register every state first, then send: warm-up copies (n>1), await them, children."""
+        warm_group, group = Group(), Group()
+        warm = [self._register(self._warmup_req(p), warm_group, owned, False)
+                for p in prepared if p.n > 1]
+        children = [
+            (p.req.rid, self._register(self._child_req(p, j, rid), group, owned,
+                                       p.single.return_text_in_logprobs))
+            for p in prepared for j, rid in enumerate(self._rids(p))
+        ]
+        for state in warm:
+            self._send_req(state)
+        async for _ in self._updates(warm_group, warm, False):
+            pass
+        aborted = {s.rid.removesuffix(WARMUP_SUFFIX): s.finish_reason for s in warm
+                   if (s.finish_reason or {}).get("type") == "abort"}
+        for parent, state in children:
+            if parent in aborted:  # the parent was aborted during its warm-up: never send
+                state.finish(aborted[parent], time.perf_counter())
+                self.rid_to_state.pop(state.rid, None)
+                group.mark(state.index)
+            else:
+                self._send_req(state)
+        return group, [state for _, state in children]
+
+    @staticmethod
+    def _child_req(p: _Prepared, j: int, rid: str) -> GenerateReq:
+        """Sample j of a prompt; a seeded prompt gives its samples seeds seed+j, so they differ."""
+        params = p.req.sampling_params
+        if params.seed is not None and j > 0:
+            params = dataclasses.replace(params, seed=(params.seed + j) % SEED_LIMIT)
+        return dataclasses.replace(p.req, rid=rid, sampling_params=params)
+
+    @staticmethod
+    def _warmup_req(p: _Prepared) -> GenerateReq:
+        """A prefill-only copy of the prompt, so the n children share its cached prefix."""
+        params = dataclasses.replace(p.req.sampling_params, max_new_tokens=0, min_new_tokens=0)
+        return dataclasses.replace(p.req, rid=p.req.rid + WARMUP_SUFFIX, sampling_params=params,
+                                   return_logprob=False, stream=False, prefill_only_cache=True)
+
+    def _register(
+        self, req: GenerateReq, group: Group, owned: list[ReqState], text_in_logprobs: bool
+    ) -> ReqState:
+        if req.rid in self.rid_to_state:
+            raise InvalidRequest(f"rid {req.rid!r} is already in use", param="rid")
+        state = ReqState.for_request(req, group, text_in_logprobs)
+        self.rid_to_state[req.rid] = state
+        owned.append(state)
+        return state
+
+    def _send_req(self, state: ReqState) -> None:
+        state.sent = True
+        self._to_scheduler.send(state.req)
+
+    async def _updates(
+        self, group: Group, states: list[ReqState], stream: bool
+    ) -> AsyncIterator[tuple[int, dict[str, Any]]]:
+        """(index, output) for every finished state, and for each update while streaming."""
+        remaining = len(states)
+        while remaining:
+            for i in await group.take():
+                state = states[i]
+                if state.error is not None:
+                    raise RuntimeCrashed(state.error)
+                if state.finished:
+                    remaining -= 1
+                if state.finished or stream:
+                    yield i, build_output(state)
+
+    def _abort_unfinished(self, owned: list[ReqState]) -> None:
+        for state in owned:
+            if self.rid_to_state.get(state.rid) is not state:
+                continue
+            del self.rid_to_state[state.rid]
+            if state.sent and self.dead_reason is None:
+                logger.info("aborting request %s (its consumer went away)", state.rid)
+                self._to_scheduler.send(AbortReq(rid=state.rid))
+
+    # ------------------------------------------------------------ receiving
+
+    async def _recv_loop(self) -> None:
+        try:
+            while True:
+                self._dispatch(await self._inbox.recv())
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.exception("the tokenizer manager's receive loop failed")
+            self.fail_all(f"the tokenizer manager's receive loop failed: {exc!r}")
+
+    def _on_batch(self, out: BatchStrOut) -> None:
+        now = time.perf_counter()
+        for i, rid in enumerate(out.rids):
+            state = self.rid_to_state.get(rid)
+            if state is None:  # aborted by its consumer, or failed
+                continue
+            apply_output(state, out, i, now, self._token_texts)
+            if state.finished:
+                del self.rid_to_state[rid]
+            if state.finished or state.stream:
+                state.group.mark(state.index)
+
+    def _token_texts(self, ids: list[int]) -> list[str | None]:
+        return list(self.tokenizer.batch_decode([[t] for t in ids]))
+
+    def _on_control(self, out: FlushCacheOut | StateOut) -> None:
+        future = self._pending.pop(out.req_id, None)
+        if future is not None and not future.done():
+            future.set_result(out)
+
+    def _on_crash(self, msg: SchedulerCrashed) -> None:
+        lines = msg.traceback.strip().splitlines()
+        last = lines[-1] if lines else "unknown error"
+        self.fail_all(f"the {msg.process} process crashed: {last}")
+
+    # ------------------------------------------------------------ failure
+
+    def fail_all(self, message: str, level: int = logging.ERROR) -> None:
+        """Fail every waiting request and control call with `RuntimeCrashed(message)`; later calls
+        raise it at once. Only the first message is kept."""
+        if self.dead_reason is not None:
+            logger.info("runtime already failed; also: %s", message)
+            return
+        self.dead_reason = message
+        logger.log(level, "%s; failing %d in-flight requests", message, len(self.rid_to_state))
+        for state in self.rid_to_state.values():
+            state.error = message
+            state.group.mark(state.index)
+        self.rid_to_state.clear()
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(RuntimeCrashed(message))
+        if self.on_dead is not None:
+            self.on_dead(message)
+
+    def fail_all_threadsafe(self, message: str) -> None:
+        """`fail_all` from another thread (the launcher's child watcher)."""
+        if self._loop is None or self._loop.is_closed():
+            self.dead_reason = self.dead_reason or message
+            return
+        try:
+            self._loop.call_soon_threadsafe(self.fail_all, message)
+        except RuntimeError:  # the loop closed meanwhile
+            self.dead_reason = self.dead_reason or message
+
+    def _check_alive(self) -> None:
+        if self.dead_reason is not None:
+            raise RuntimeCrashed(self.dead_reason)
+
+    # ------------------------------------------------------------ control
+
+    async def abort(self, rid: str) -> None:
+        """Abort `rid` and its n>1 children (prefix match); each ends with finish_reason abort."""
+        self._check_alive()
+        self._to_scheduler.send(AbortReq(rid=rid))
+
+    async def abort_all(self) -> None:
+        self._check_alive()
+        self._to_scheduler.send(AbortReq(abort_all=True))
+
+    async def flush_cache(self) -> bool:
+        """Drop the prefix cache; False if the scheduler refused (not idle) or did not answer."""
+        try:
+            out = await self._control(FlushCacheReq(next(self._req_ids)))
+        except TimeoutError:
+            logger.warning("flush_cache: no answer from the scheduler in %.0f s", CONTROL_TIMEOUT_S)
+            return False
+        return bool(out.success)
+
+    async def get_state(self) -> dict[str, Any]:
+        """The scheduler's internal state (StateOut.state)."""
+        out = await self._control(GetStateReq(next(self._req_ids)))
+        return dict(out.state)
+
+    async def get_server_info(self) -> dict[str, Any]:
+        """Config (no secrets), the scheduler's ready info, and its internal state."""
+        info = {**self.config.public_dict(), **self.scheduler_info}
+        info["internal_states"] = [await self.get_state()]
+        return info
+
+    async def _control(self, msg: FlushCacheReq | GetStateReq) -> Any:
+        self._check_alive()
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending[msg.req_id] = future
+        try:
+            self._to_scheduler.send(msg)
+            return await asyncio.wait_for(future, CONTROL_TIMEOUT_S)
+        finally:
+            self._pending.pop(msg.req_id, None)
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], **kwargs: Any) -> str:
+        """The prompt text of a chat, with the generation prompt appended."""
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, **kwargs)
