@@ -29,7 +29,7 @@ class ForwardEntry:
     """
 
     row: int
-    input_ids: list[int]
+    input_ids: list[int]  # with input_from_future: one placeholder, replaced on the device
     prefix_len: int
     kv_write: list[int]
     kv_write_start: int
@@ -42,6 +42,9 @@ class ForwardEntry:
     # (the token that follows it, which for a chunk's last row is the next chunk's first token).
     logprob_start: int = 0
     logprob_targets: list[int] | None = None
+    # Overlap: the one input token is the one the previous forward sampled for this row, read
+    # from the future map on the device (the scheduler has not seen it yet).
+    input_from_future: bool = False
 
     @property
     def seq_len(self) -> int:
@@ -70,15 +73,16 @@ class ModelRunner:
         self.kv_pool: KVPool = loaded.kv_pool
         self.req_to_token: ReqToTokenPool = loaded.req_to_token
         self.backend = loaded.backend
+        # The future map: the token each row sampled last, kept on the device for the overlap
+        # loop's next decode. Written after every sampling, read by input_from_future entries.
+        self.future_tokens = torch.zeros(self.req_to_token.size, dtype=torch.int64, device=self.device)
 
     @torch.inference_mode()
     def forward(self, entries: list[ForwardEntry], keep_logits: bool = False) -> ForwardResult:
         assert entries, "empty batch"
         meta = self.build_metadata(entries)
         self.backend.plan(meta)
-        input_ids = torch.tensor(
-            [t for e in entries for t in e.input_ids], dtype=torch.int64, device=self.device
-        )
+        input_ids = self._input_ids(entries, meta)
         hidden = self.model.forward(input_ids, meta.positions, self.backend)
         last_rows = torch.tensor(meta.qo_indptr[1:].tolist(), device=self.device) - 1
         logits = self.model.compute_logits(hidden.index_select(0, last_rows))
@@ -95,6 +99,8 @@ class ModelRunner:
         out = sample(
             logits, sampling, top_logprobs_num=top_nums, return_logprob=any(e.return_logprob for e in entries)
         )
+        rows = torch.tensor([e.row for e in entries], dtype=torch.int64, device=self.device)
+        self.future_tokens.index_copy_(0, rows, out.next_ids)
         input_lps, input_tops = self._input_logprobs(entries, meta, hidden)
         return ForwardResult(
             next_ids=out.next_ids,
@@ -104,6 +110,16 @@ class ModelRunner:
             input_top_logprobs=input_tops,
             last_logits=logits if keep_logits else None,
         )
+
+    def _input_ids(self, entries: list[ForwardEntry], meta: ForwardMetadata) -> torch.Tensor:
+        ids = torch.tensor([t for e in entries for t in e.input_ids], dtype=torch.int64, device=self.device)
+        future = [i for i, e in enumerate(entries) if e.input_from_future]
+        if future:
+            starts = meta.qo_indptr.tolist()
+            at = torch.tensor([starts[i] for i in future], dtype=torch.int64, device=self.device)
+            rows = torch.tensor([entries[i].row for i in future], dtype=torch.int64, device=self.device)
+            ids.index_copy_(0, at, self.future_tokens.index_select(0, rows))
+        return ids
 
     def build_metadata(self, entries: list[ForwardEntry]) -> ForwardMetadata:
         """Write the entries' slots into their rows and describe the batch for the backend."""

@@ -19,14 +19,14 @@ class ScheduledBatch:
         self.entries.append(entry)
 
 
-def _entry(req: Req, start: int, n: int) -> ForwardEntry:
+def _entry(req: Req, start: int, n: int, input_ids: list[int] | None = None) -> ForwardEntry:
     """Compute tokens [start, start + n) of `req`; its kv already covers them."""
     assert req.row is not None and len(req.kv) == start + n
     write_from = min(req.row_synced, start)
     req.row_synced = start + n
     return ForwardEntry(
         row=req.row,
-        input_ids=req.fill_ids[start : start + n],
+        input_ids=input_ids if input_ids is not None else req.fill_ids[start : start + n],
         prefix_len=start,
         kv_write=req.kv[write_from:],
         kv_write_start=write_from,
@@ -47,8 +47,18 @@ def prefill_entry(req: Req, extend: int) -> ForwardEntry:
 
 
 def decode_entry(req: Req) -> ForwardEntry:
-    """One decode step: the last output token goes in at the newest KV slot."""
-    return _entry(req, req.computed - 1, 1)
+    """One decode step: the newest token goes in at the newest KV slot.
+
+    Under overlap the newest token may still be in flight (sampled by the forward that is
+    running now, not yet appended to `output`): the runner then reads it from the future map.
+    """
+    pos = req.computed - 1
+    if pos < len(req.fill_ids):
+        return _entry(req, pos, 1)
+    assert pos == len(req.fill_ids), f"{req.rid}: two tokens in flight"
+    entry = _entry(req, pos, 1, input_ids=[0])
+    entry.input_from_future = True
+    return entry
 
 
 def _plan_input_logprobs(req: Req, entry: ForwardEntry, a: int, b: int) -> None:

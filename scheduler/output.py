@@ -12,7 +12,7 @@ DECODE_CONTEXT_TOKENS = 5  # prompt tokens the detokenizer decodes as left conte
 
 def has_news(req: Req) -> bool:
     """Something to tell the detokenizer: new tokens, a finish, or a prefill-only result."""
-    return len(req.output) > req.sent_ids or req.finished
+    return len(req.output) > req.sent_ids or (req.finished and not req.sent_finish)
 
 
 def build_batch_out(reqs: list[Req]) -> BatchTokenOut:
@@ -53,3 +53,4 @@ def _append(out: BatchTokenOut, req: Req) -> None:
         out.input_top_logprobs.append(None)
     req.sent_ids = len(req.output)
     req.sent_first = True
+    req.sent_finish = req.finished

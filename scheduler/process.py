@@ -67,6 +67,7 @@ def build_scheduler(config: ServerConfig, io: Any) -> Any:
 
     from runtime.model_runner import ModelRunner
     from runtime.model_setup import load_model_for_serving
+    from scheduler.overlap import OverlapScheduler
     from scheduler.scheduler import Scheduler
 
     loaded = load_model_for_serving(config)
@@ -76,7 +77,8 @@ def build_scheduler(config: ServerConfig, io: Any) -> Any:
     def decode(ids: list[int], skip_special_tokens: bool) -> str:
         return tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
-    return Scheduler(loaded.config, ModelRunner(loaded), decode, eos, io)
+    cls = Scheduler if config.disable_overlap_schedule else OverlapScheduler
+    return cls(loaded.config, ModelRunner(loaded), decode, eos, io)
 
 
 def run_scheduler_process(config: ServerConfig, ipc_path: str, ready_conn: Connection) -> None:

@@ -54,6 +54,7 @@ class Req:
     # Output bookkeeping: what has been sent to the detokenizer.
     sent_ids: int = 0
     sent_first: bool = False
+    sent_finish: bool = False  # the finish is reported exactly once (overlap revisits requests)
     output_logprobs: list[float] = field(default_factory=list)
     output_top_logprobs: list[TopLogprobs] = field(default_factory=list)
     input_logprobs: list[float | None] = field(default_factory=list)

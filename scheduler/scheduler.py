@@ -215,6 +215,8 @@ class Scheduler:
     def process_result(self, batch: ScheduledBatch, result: ForwardResult) -> None:
         next_ids = result.next_ids.tolist()
         for i, req in enumerate(batch.reqs):
+            if req.finished:  # aborted meanwhile, or (overlap) finished by the previous step
+                continue
             if batch.is_prefill:
                 record_input_logprobs(req, batch.entries[i], result, i)
                 if req.computed < len(req.fill_ids):  # a middle chunk: publish it, keep going
@@ -253,16 +255,25 @@ class Scheduler:
         req.row_synced = 0  # canonical slots may differ from what the row holds
 
     def release(self, req: Req) -> None:
-        """Hand a finished request's KV to the cache and free its row (idempotent)."""
+        """Hand a finished request's KV to the cache and free its row (idempotent).
+
+        Under overlap a request may hold one slot beyond its known tokens (the in-flight token's);
+        that slot is freed here unless it shares a page with the kept ones.
+        """
         if req.row is None:
             return
         assert req.node is not None
-        self.cache.cache_finished(req.fill_ids[: req.computed], req.kv, req.prefix_len, req.node, req.extra_key)
+        tokens = req.fill_ids[: req.computed]
+        kv, extra = req.kv[: len(tokens)], req.kv[len(tokens) :]
+        if extra and len(kv) % self.page_size == 0:
+            self.cache.free(extra[:1])
+        self.cache.cache_finished(tokens, kv, req.prefix_len, req.node, req.extra_key)
         self.rows.free(req.row)
         req.row, req.kv, req.prefix_len, req.node = None, [], 0, None
 
     def send_outputs(self, batch: ScheduledBatch | None) -> None:
-        reqs = [r for r in (batch.reqs if batch else []) if has_news(r)] + self.finished_out
+        candidates = dict.fromkeys([*self.finished_out, *(batch.reqs if batch else [])])
+        reqs = [r for r in candidates if has_news(r)]
         self.finished_out = []
         if reqs:
             self.io.send_tokens(build_batch_out(reqs))

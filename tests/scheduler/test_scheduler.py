@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import random
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from runtime.messages import AbortReq, BatchTokenOut, FlushCacheReq, GenerateReq
 from runtime.model_setup import resolve_config
 from runtime.sampling import SamplingParams
 from runtime.static_batch import StaticBatch
+from scheduler.overlap import OverlapScheduler
 from scheduler.process import build_scheduler
 
 VOCAB = 300
@@ -56,7 +58,8 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory, default_model_path: str
 
 def make(tiny_model: str, **overrides: Any):
     io = FakeIO()
-    cfg = dict(model_path=tiny_model, device="cpu", dtype="float32", max_total_tokens=2048, max_running_requests=16)
+    cfg = dict(model_path=tiny_model, device="cpu", dtype="float32", max_total_tokens=2048, max_running_requests=16,
+               disable_overlap_schedule=True)
     cfg.update(overrides)
     return build_scheduler(resolve_config(ServerConfig(**cfg)), io), io
 
@@ -68,12 +71,19 @@ def submit(io: FakeIO, rid: str, prompt: list[int], **params: Any) -> None:
 
 
 def run_until_idle(sched, io: FakeIO, max_steps: int = 5000) -> dict[str, dict[str, Any]]:
-    for _ in range(max_steps):
-        sched.step()
-        if sched.is_idle and not io.inbox:
-            break
-    else:
-        raise AssertionError("scheduler did not go idle")
+    """Drive the scheduler's own loop (overlapped or not) until it is idle."""
+    overlap = isinstance(sched, OverlapScheduler)
+    with ThreadPoolExecutor(max_workers=1) as worker:
+        pending = None
+        for _ in range(max_steps):
+            if overlap:
+                pending = sched.overlap_step(worker, pending)
+            else:
+                sched.step()
+            if sched.is_idle and not io.inbox and pending is None:
+                break
+        else:
+            raise AssertionError("scheduler did not go idle")
     sched.check_idle_integrity()
     return collect(io)
 
@@ -112,6 +122,9 @@ def reference(tiny_model: str) -> list[list[int]]:
 
 CONFIGS = [
     dict(),
+    dict(disable_overlap_schedule=False),
+    dict(disable_overlap_schedule=False, chunked_prefill_size=8, page_size=4),
+    dict(disable_overlap_schedule=False, max_total_tokens=96, chunked_prefill_size=16),
     dict(chunked_prefill_size=8),
     dict(chunked_prefill_size=8, disable_radix_cache=True),
     dict(disable_radix_cache=True),
@@ -215,3 +228,25 @@ def test_flush_and_state(tiny_model: str) -> None:
     before, flushed, after = io.control
     assert before.state["integrity"] == "ok" and before.state["kv_evictable"] > 0
     assert flushed.success and after.state["kv_evictable"] == 0
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_abort_while_batch_in_flight_reports_once(tiny_model: str, overlap: bool) -> None:
+    sched, io = make(tiny_model, disable_overlap_schedule=not overlap)
+    for i in range(4):
+        submit(io, f"x{i}", [11 + i] * (3 + i), max_new_tokens=40)
+    with ThreadPoolExecutor(max_workers=1) as worker:
+        pending = None
+        for step in range(200):
+            if step == 5:
+                io.inbox += [AbortReq("x1"), AbortReq("x3")]
+            if overlap:
+                pending = sched.overlap_step(worker, pending)
+            else:
+                sched.step()
+            if sched.is_idle and pending is None and step > 5:
+                break
+    sched.check_idle_integrity()
+    results = collect(io)
+    assert all(r["finishes"] == 1 for r in results.values()), results
+    assert results["x1"]["finish"]["type"] == "abort" and results["x0"]["finish"]["type"] == "length"
