@@ -8,6 +8,7 @@ slots the new tokens go to. The runner writes the row, builds `ForwardMetadata`,
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -76,9 +77,19 @@ class ModelRunner:
         # The future map: the token each row sampled last, kept on the device for the overlap
         # loop's next decode. Written after every sampling, read by input_from_future entries.
         self.future_tokens = torch.zeros(self.req_to_token.size, dtype=torch.int64, device=self.device)
+        self.forward_s = 0.0  # wall time inside forward(), for the scheduler-overhead benchmark
+        self.forward_count = 0
+
+    def forward(self, entries: list[ForwardEntry], keep_logits: bool = False) -> ForwardResult:
+        start = time.perf_counter()
+        try:
+            return self._forward(entries, keep_logits)
+        finally:
+            self.forward_s += time.perf_counter() - start
+            self.forward_count += 1
 
     @torch.inference_mode()
-    def forward(self, entries: list[ForwardEntry], keep_logits: bool = False) -> ForwardResult:
+    def _forward(self, entries: list[ForwardEntry], keep_logits: bool) -> ForwardResult:
         assert entries, "empty batch"
         meta = self.build_metadata(entries)
         self.backend.plan(meta)

@@ -19,6 +19,7 @@ What overlap implies, and how it is handled:
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from runtime.model_runner import ForwardResult
@@ -56,6 +57,7 @@ class OverlapScheduler(Scheduler):
     def overlap_step(self, worker: ThreadPoolExecutor, pending: Pending | None) -> Pending | None:
         for msg in self.io.recv(block=self.is_idle and pending is None):
             self.dispatch(msg)
+        start = time.perf_counter()
         if pending is not None and not self.can_overlap(pending[0]):
             self.finish(pending)
             pending = None
@@ -67,17 +69,20 @@ class OverlapScheduler(Scheduler):
             if self.finished_out:
                 self.send_outputs(None)
             if self.is_idle and not self.checked_idle:
-                self.check_idle_integrity()
-                self.checked_idle = True
+                self.on_idle()
         else:
             self.checked_idle = False
+        if pending is not None or launched is not None:
+            self.busy_s += time.perf_counter() - start
         return launched
 
     def can_overlap(self, last: ScheduledBatch) -> bool:
         """Schedule the next batch before `last` is processed? Not after a prefill (its
         requests join the running set only once processed), and not when a running request's
         next sampling needs the exact output `last` will produce."""
-        return not last.is_prefill and not any(needs_history(r) for r in self.running)
+        if last.is_prefill or not self.decode_fits():  # retraction must see settled requests
+            return False
+        return not any(needs_history(r) for r in self.running)
 
     def finish(self, pending: Pending) -> None:
         batch, future = pending

@@ -1,9 +1,9 @@
 """Waiting-queue ordering and prefill admission (the PrefillAdder).
 
-Admission reserves KV for the whole future of every admitted request: its uncomputed prompt plus
-its remaining `max_new_tokens`. A request therefore never runs out of KV once admitted, and a
-pool that is too small for everyone at once simply admits fewer at a time (eviction of cached
-prefixes makes room). `new_token_ratio`-scaled reservation with retraction is a later step.
+A request is admitted when the KV pool (free + evictable) minus what running requests are
+expected to still take (`retract.reserved_kv`) covers its uncomputed tokens and its clipped
+output (`retract.admission_kv`). A pool too small for everyone at once admits fewer at a time;
+when the optimistic reservations fall short during decode, the scheduler retracts.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from radix.prefix_cache import BasePrefixCache
 from scheduler.request import Req
+from scheduler.retract import admission_kv
 
 LPM_FCFS_FALLBACK = 128  # longest-prefix-match sorting costs a tree walk per waiting request
 
@@ -24,12 +25,6 @@ def order_waiting(queue: list[Req], policy: str, cache: BasePrefixCache) -> list
         hits = {id(r): len(cache.match(r.fill_ids[: r.max_prefix_len()], r.extra_key).indices) for r in queue}
         return sorted(queue, key=lambda r: -hits[id(r)])
     raise ValueError(f"unknown schedule policy {policy!r}")
-
-
-def kv_needed(req: Req, page_size: int) -> int:
-    """Slots a request will still take before it finishes (uncomputed tokens + new tokens)."""
-    pending = len(req.fill_ids) - req.computed + req.remaining_new_tokens
-    return -(-pending // page_size) * page_size + page_size  # + a partly used page
 
 
 @dataclass
@@ -54,7 +49,7 @@ class PrefillAdder:
     def try_add(self, req: Req, prefix: list[int], extend: int) -> bool:
         """Admit `req` (its locked prefix match already in `prefix`) computing up to `extend`
         tokens now; returns False when it does not fit (the caller stops admitting)."""
-        total_need = kv_needed(req, self.page_size) - len(prefix)
+        total_need = admission_kv(req, self.page_size) - len(prefix)
         if total_need > self.rem_kv():
             return False
         if self.admitted and extend > self.rem_input:

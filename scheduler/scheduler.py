@@ -7,6 +7,7 @@ run it -> process its result -> send one BatchTokenOut; when idle, check the mem
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -28,8 +29,9 @@ from runtime.model_runner import ForwardResult, ModelRunner
 from scheduler.batch import ScheduledBatch, decode_entry, prefill_entry, record_input_logprobs
 from scheduler.finish import check_finished
 from scheduler.output import build_batch_out, has_news
-from scheduler.policy import PrefillAdder, kv_needed, order_waiting
+from scheduler.policy import PrefillAdder, order_waiting
 from scheduler.request import Req, ReqState
+from scheduler.retract import NewTokenRatio, decode_slots_needed, pages, pick_victim, reserved_kv
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +73,9 @@ class Scheduler:
         self.finished_out: list[Req] = []  # finished outside a forward (abort, rejection)
         self.stopped = False
         self.checked_idle = False
+        self.busy_s = 0.0  # wall time of loop iterations that ran or finished a batch
+        self.ratio = NewTokenRatio()
+        self.retractions = 0
         self.dispatch = TypeDispatcher({
             GenerateReq: self.handle_generate,
             AbortReq: self.handle_abort,
@@ -88,15 +93,22 @@ class Scheduler:
     def step(self) -> ScheduledBatch | None:
         for msg in self.io.recv(block=self.is_idle):
             self.dispatch(msg)
+        start = time.perf_counter()
         batch = self.next_batch()
         if batch is not None:
             self.process_result(batch, self.runner.forward(batch.entries))
             self.checked_idle = False
         elif self.is_idle and not self.checked_idle:
-            self.check_idle_integrity()
-            self.checked_idle = True
+            self.on_idle()
         self.send_outputs(batch)
+        if batch is not None:
+            self.busy_s += time.perf_counter() - start
         return batch
+
+    def on_idle(self) -> None:
+        self.check_idle_integrity()
+        self.ratio.reset()
+        self.checked_idle = True
 
     @property
     def is_idle(self) -> bool:
@@ -110,7 +122,7 @@ class Scheduler:
         if not req.prompt or room < 0:
             return self.reject(req, f"the prompt has {len(req.prompt)} tokens; the context holds {self.context_len}")
         req.sampling.max_new_tokens = min(req.sampling.max_new_tokens, room)
-        need = kv_needed(req, self.page_size)
+        need = pages(len(req.prompt) + req.sampling.max_new_tokens, self.page_size)
         if need > self.cache.total:
             return self.reject(req, f"the request needs {need} KV slots but the whole pool holds {self.cache.total}")
         self.waiting.append(req)
@@ -158,15 +170,16 @@ class Scheduler:
         adder = PrefillAdder(
             cache=self.cache,
             page_size=self.page_size,
-            reserved=sum(kv_needed(r, self.page_size) for r in self.running),
+            reserved=sum(reserved_kv(r, self.ratio.value, self.page_size) for r in self.running),
             rem_input=self.config.max_prefill_tokens,
             rem_chunk=self.chunk_size,
             rem_reqs=min(self.max_running - holding, self.rows.available()) + (self.chunked is not None),
         )
-        if self.chunked is not None:
-            added = adder.try_add(self.chunked, [], len(self.chunked.fill_ids) - self.chunked.computed)
-            assert added, "the chunked request's KV was reserved when it was admitted"
-        else:
+        chunked = self.chunked
+        if chunked is not None and not adder.try_add(chunked, [], len(chunked.fill_ids) - chunked.computed):
+            self.chunked = None  # running requests grew into its room: it waits like the others
+            self.retract(chunked)
+        if self.chunked is None:
             self.admit_waiting(adder)
         if not adder.admitted:
             return None
@@ -192,12 +205,14 @@ class Scheduler:
             assert row is not None, "rem_reqs counts free rows"
             req.row, req.kv, req.prefix_len, req.node = row, list(match.indices), len(match.indices), match.node
             req.row_synced = 0
-            req.cached_tokens += len(match.indices)
+            if not req.output:  # a retracted request's re-admission is not a prompt cache hit
+                req.cached_tokens = len(match.indices)
             self.waiting.remove(req)
 
     def next_decode(self) -> ScheduledBatch | None:
         if not self.running:
             return None
+        self.retract_until_decode_fits()
         batch = ScheduledBatch(is_prefill=False)
         for req in list(self.running):
             slot = self.cache.alloc_extend(req.kv, 1)
@@ -209,6 +224,33 @@ class Scheduler:
             req.kv.extend(slot)
             batch.add(req, decode_entry(req))
         return batch if batch.reqs else None
+
+    def decode_fits(self) -> bool:
+        room = self.cache.available() + self.cache.evictable_size
+        return decode_slots_needed(self.running, self.page_size) <= room
+
+    def retract_until_decode_fits(self) -> None:
+        """Retract the least advanced requests until every other one can decode one more token."""
+        retracted = False
+        while self.running and not self.decode_fits():
+            victim = pick_victim(self.running)
+            self.running.remove(victim)
+            if not self.running:  # alone and still too big: cannot happen for admitted sizes
+                self.finish_now(victim, "the KV cache cannot hold this request")
+                break
+            self.retract(victim)
+            retracted = True
+        if retracted:
+            self.ratio.after_retraction(self.running)
+        else:
+            self.ratio.decay()
+
+    def retract(self, req: Req) -> None:
+        """Back to the front of the queue, output kept; its computed KV goes to the cache."""
+        self.release(req)
+        req.state = ReqState.WAITING
+        self.retractions += 1
+        self.waiting.insert(0, req)
 
     # ------------------------------------------------------------------ results
 
@@ -312,4 +354,9 @@ class Scheduler:
             "rows_total": self.rows.size,
             "rows_free": self.rows.available(),
             "integrity": integrity,
+            "retractions": self.retractions,
+            "new_token_ratio": self.ratio.value,
+            "busy_s": self.busy_s,
+            "forward_s": self.runner.forward_s,
+            "forward_count": self.runner.forward_count,
         }

@@ -6,6 +6,9 @@ measured in the same run.
                     runs to its longest requested output; only requested tokens count).
     shared-prefix:  groups of prompts sharing a long system prompt (SGLang's generated-shared-
                     prefix, scaled down); radixserve with the radix cache on against off.
+    overlap:        a static decode-heavy batch at each --overlap-batch-sizes, overlap loop on
+                    against off; also the scheduler overhead: the share of the scheduler's busy
+                    time not spent inside the model forward (1 - forward_s / busy_s).
 
 Prompts are random token ids (exact lengths); every request generates exactly its output length
 (ignore_eos). Prints a table with the ratio and appends JSON lines to --output.
@@ -60,17 +63,26 @@ def shared_prefix_workload(args: argparse.Namespace, vocab: int) -> Workload:
 
 def run_engine(model_path: str, work: Workload, dtype: str, **config: Any) -> float:
     """Seconds for the Engine to finish the whole workload (model load excluded)."""
+    return run_engine_stats(model_path, work, dtype, **config)[0]
+
+
+def run_engine_stats(model_path: str, work: Workload, dtype: str, **config: Any) -> tuple[float, float]:
+    """(seconds for the whole workload, share of scheduler busy time outside the forward)."""
     from runtime import Engine
 
     with Engine(model_path, dtype=dtype, **config) as engine:
         engine.generate(input_ids=[[101, 102, 103]], sampling_params={"max_new_tokens": 2})  # warm-up
         params = [{"temperature": 0, "max_new_tokens": n, "ignore_eos": True} for n in work.output_lens]
+        before = engine.get_state()
         start = time.perf_counter()
         results = engine.generate(input_ids=work.prompts, sampling_params=params)
         elapsed = time.perf_counter() - start
+        after = engine.get_state()
     produced = sum(r["meta_info"]["completion_tokens"] for r in results)
     assert produced == work.output_tokens, (produced, work.output_tokens)
-    return elapsed
+    busy = after["busy_s"] - before["busy_s"]
+    forward = after["forward_s"] - before["forward_s"]
+    return elapsed, max(busy - forward, 0.0) / busy
 
 
 def run_hf(model_path: str, work: Workload, dtype: str, batch_size: int) -> float:
@@ -100,7 +112,10 @@ def run_hf(model_path: str, work: Workload, dtype: str, batch_size: int) -> floa
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model-path", default=None)
-    p.add_argument("--workload", choices=["mixed", "shared-prefix"], default="mixed")
+    p.add_argument("--workload", choices=["mixed", "shared-prefix", "overlap"], default="mixed")
+    p.add_argument("--overlap-batch-sizes", type=int, nargs="+", default=[1, 32])
+    p.add_argument("--overlap-input-len", type=int, default=128)
+    p.add_argument("--overlap-output-len", type=int, default=128)
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-prompts", type=int, default=64)
@@ -125,6 +140,8 @@ def main() -> None:
         model_path = ensure_default_model()
     vocab = 49152 if args.model_path is None else json.load(open(os.path.join(model_path, "config.json")))["vocab_size"]
     common = dict(max_running_requests=args.max_running_requests, max_total_tokens=131072)
+    if args.workload == "overlap":
+        return bench_overlap(args, model_path, vocab, common)
     if args.workload == "mixed":
         work = mixed_workload(args, vocab)
         ours = run_engine(model_path, work, args.dtype, **common)
@@ -149,6 +166,25 @@ def main() -> None:
     os.makedirs(os.path.dirname(args.output) or ".", exist_ok=True)
     with open(args.output, "a") as fh:
         fh.write(json.dumps(row) + "\n")
+
+
+def bench_overlap(args: argparse.Namespace, model_path: str, vocab: int, common: dict[str, Any]) -> None:
+    rng = random.Random(args.seed)
+    print(f"{'batch':>5} | {'overlap':>7} | {'seconds':>8} | {'output tok/s':>12} | {'sched overhead':>14}")
+    rows = []
+    for batch in args.overlap_batch_sizes:
+        prompts = [[rng.randrange(100, vocab) for _ in range(args.overlap_input_len)] for _ in range(batch)]
+        work = Workload(prompts, [args.overlap_output_len] * batch)
+        for overlap in (True, False):
+            secs, share = run_engine_stats(model_path, work, args.dtype, disable_overlap_schedule=not overlap, **common)
+            print(f"{batch:>5} | {'on' if overlap else 'off':>7} | {secs:>8.2f} | "
+                  f"{work.output_tokens / secs:>12.1f} | {share * 100:>13.1f}%")
+            rows.append(dict(bench="offline", workload="overlap", batch_size=batch, overlap=overlap, seconds=secs,
+                             output_tok_s=work.output_tokens / secs, sched_overhead_share=share, dtype=args.dtype,
+                             date=datetime.datetime.now().isoformat(timespec="seconds")))
+    os.makedirs(os.path.dirname(args.output) or ".", exist_ok=True)
+    with open(args.output, "a") as fh:
+        fh.writelines(json.dumps(r) + "\n" for r in rows)
 
 
 if __name__ == "__main__":

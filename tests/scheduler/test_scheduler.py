@@ -250,3 +250,19 @@ def test_abort_while_batch_in_flight_reports_once(tiny_model: str, overlap: bool
     results = collect(io)
     assert all(r["finishes"] == 1 for r in results.values()), results
     assert results["x1"]["finish"]["type"] == "abort" and results["x0"]["finish"]["type"] == "length"
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_retraction_keeps_outputs_identical(tiny_model: str, overlap: bool) -> None:
+    """A pool that admits optimistically must retract; outputs still equal the static batch."""
+    prompts = [[20 + i] * (6 + i) for i in range(8)]
+    engine = StaticBatch.create(tiny_model, dtype="float32", max_total_tokens=4096, max_running_requests=8)
+    expected = [engine.generate_greedy([p], 40)[0] for p in prompts]
+    sched, io = make(tiny_model, max_total_tokens=160, chunked_prefill_size=16,
+                     disable_overlap_schedule=not overlap)
+    for i, p in enumerate(prompts):
+        submit(io, f"t{i}", p, max_new_tokens=40)
+    results = run_until_idle(sched, io)
+    assert sched.retractions > 0
+    for i in range(len(prompts)):
+        assert results[f"t{i}"]["ids"] == expected[i] and results[f"t{i}"]["finishes"] == 1
