@@ -11,20 +11,82 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from radix.prefix_cache import BasePrefixCache
+from radix.tree import RadixTree, TreeNode
 from scheduler.request import Req
 from scheduler.retract import admission_kv
 
 LPM_FCFS_FALLBACK = 128  # longest-prefix-match sorting costs a tree walk per waiting request
+# In-batch prefix dedup (SGLang's thresholds): a request with at most CHECK cached tokens that
+# shares at least DEFER tokens with an earlier waiting request sits out this round, so the
+# earlier one fills the cache and it then hits it.
+IN_BATCH_CHECK = 32
+IN_BATCH_DEFER = 32
 
 
 def order_waiting(queue: list[Req], policy: str, cache: BasePrefixCache) -> list[Req]:
-    """The waiting queue in the order the policy admits it (stable, FCFS among equals)."""
-    if policy == "fcfs" or len(queue) > LPM_FCFS_FALLBACK:
+    """The waiting requests to consider this round, in the order the policy admits them.
+
+    fcfs keeps arrival order. lpm sorts by longest cached prefix (FCFS beyond 128 waiting).
+    dfs-weight walks the radix tree from the root, heavier subtrees (more waiting requests)
+    first, so requests sharing a prefix run together. Both cache-aware policies defer
+    requests whose prefix another waiting request is about to cache.
+    """
+    if policy == "fcfs" or (policy == "lpm" and len(queue) > LPM_FCFS_FALLBACK):
         return list(queue)
+    if policy not in ("lpm", "dfs-weight"):
+        raise ValueError(f"unknown schedule policy {policy!r}")
+    matches = {id(r): cache.match(r.fill_ids[: r.max_prefix_len()], r.extra_key) for r in queue}
+    deferred = _in_batch_duplicates(queue, {k: len(m.indices) for k, m in matches.items()})
+    live = [r for r in queue if id(r) not in deferred]
     if policy == "lpm":
-        hits = {id(r): len(cache.match(r.fill_ids[: r.max_prefix_len()], r.extra_key).indices) for r in queue}
-        return sorted(queue, key=lambda r: -hits[id(r)])
-    raise ValueError(f"unknown schedule policy {policy!r}")
+        return sorted(live, key=lambda r: -len(matches[id(r)].indices))
+    return _dfs_weight(live, {id(r): matches[id(r)].node for r in live})
+
+
+def _in_batch_duplicates(queue: list[Req], cached: dict[int, int]) -> set[int]:
+    """Requests to defer one round because an earlier waiting request shares their prefix."""
+    seen = RadixTree()
+    deferred: set[int] = set()
+    for req in queue:
+        if cached[id(req)] > IN_BATCH_CHECK:
+            continue
+        tokens = req.fill_ids
+        if len(seen.match_prefix(tokens, req.extra_key).indices) >= IN_BATCH_DEFER:
+            deferred.add(id(req))
+        else:
+            seen.insert(tokens, [0] * len(tokens), req.extra_key)  # values unused
+    return deferred
+
+
+def _dfs_weight(queue: list[Req], nodes: dict[int, TreeNode]) -> list[Req]:
+    """SGLang's dfs-weight order: each node's weight is the number of waiting requests whose
+    match ends in its subtree; a post-order walk visits heavier children first and emits a
+    node's own requests after its subtree's (deeper cache hits first)."""
+    at_node: dict[int, list[Req]] = {}
+    weight: dict[int, int] = {}
+    children: dict[int, list[TreeNode]] = {}
+    root: TreeNode | None = None
+    for req in queue:
+        node: TreeNode | None = nodes[id(req)]
+        at_node.setdefault(id(node), []).append(req)
+        while node is not None:
+            weight[id(node)] = weight.get(id(node), 0) + 1
+            parent = node.parent
+            if parent is not None and weight[id(node)] == 1:
+                children.setdefault(id(parent), []).append(node)
+            root = node if parent is None else root
+            node = parent
+    order: list[Req] = []
+    stack: list[tuple[TreeNode, bool]] = [(root, False)] if root is not None else []
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:
+            order.extend(at_node.get(id(node), []))
+            continue
+        stack.append((node, True))
+        kids = sorted(children.get(id(node), []), key=lambda n: weight[id(n)])
+        stack.extend((kid, False) for kid in kids)  # the heaviest child is popped first
+    return order
 
 
 @dataclass

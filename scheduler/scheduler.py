@@ -71,6 +71,7 @@ class Scheduler:
         self.running: list[Req] = []
         self.chunked: Req | None = None  # the one request whose prompt is mid-way through chunks
         self.finished_out: list[Req] = []  # finished outside a forward (abort, rejection)
+        self.holding: dict[int, Req] = {}  # request row -> the request that holds it (and KV)
         self.stopped = False
         self.checked_idle = False
         self.busy_s = 0.0  # wall time of loop iterations that ran or finished a batch
@@ -203,6 +204,7 @@ class Scheduler:
                 break
             row = self.rows.alloc()
             assert row is not None, "rem_reqs counts free rows"
+            self.holding[row] = req
             req.row, req.kv, req.prefix_len, req.node = row, list(match.indices), len(match.indices), match.node
             req.row_synced = 0
             if not req.output:  # a retracted request's re-admission is not a prompt cache hit
@@ -310,6 +312,7 @@ class Scheduler:
         if extra and len(kv) % self.page_size == 0:
             self.cache.free(extra[:1])
         self.cache.cache_finished(tokens, kv, req.prefix_len, req.node, req.extra_key)
+        del self.holding[req.row]
         self.rows.free(req.row)
         req.row, req.kv, req.prefix_len, req.node = None, [], 0, None
 
@@ -322,14 +325,12 @@ class Scheduler:
 
     # ------------------------------------------------------------------ invariants
 
-    def holders(self) -> list[Req]:
-        return [r for r in self.running if r.row is not None] + ([self.chunked] if self.chunked else [])
-
     def check_integrity(self) -> None:
-        held = sum(self.cache.owned_slots(r.computed, r.prefix_len) for r in self.holders())
+        """The busy invariant: free + evictable + protected + held by requests == total."""
+        held = sum(self.cache.owned_slots(r.computed, r.prefix_len) for r in self.holding.values())
         self.cache.check_integrity(held_by_requests=held)
         self.rows.check_integrity()
-        assert self.rows.available() == self.rows.size - len(self.holders()), "request rows leaked"
+        assert self.rows.available() == self.rows.size - len(self.holding), "request rows leaked"
 
     def check_idle_integrity(self) -> None:
         self.cache.check_idle_integrity()

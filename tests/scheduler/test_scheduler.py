@@ -9,100 +9,14 @@ from __future__ import annotations
 import math
 import random
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import pytest
 import torch
 import transformers
 
-from runtime.config import ServerConfig
-from runtime.messages import AbortReq, BatchTokenOut, FlushCacheReq, GenerateReq, GetStateReq
-from runtime.model_setup import resolve_config
-from runtime.sampling import SamplingParams
+from runtime.messages import AbortReq, FlushCacheReq, GetStateReq
 from runtime.static_batch import StaticBatch
-from scheduler.overlap import OverlapScheduler
-from scheduler.process import build_scheduler
-
-VOCAB = 300
-
-
-class FakeIO:
-    def __init__(self) -> None:
-        self.inbox: list[Any] = []
-        self.outs: list[BatchTokenOut] = []
-        self.control: list[Any] = []
-
-    def recv(self, block: bool) -> list[Any]:
-        msgs, self.inbox = self.inbox, []
-        return msgs
-
-    def send_tokens(self, msg: BatchTokenOut) -> None:
-        self.outs.append(msg)
-
-    def send_control(self, msg: Any) -> None:
-        self.control.append(msg)
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory, default_model_path: str) -> str:
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=512, eos_token_id=2,
-    )
-    path = tmp_path_factory.mktemp("tiny_llama")
-    transformers.LlamaForCausalLM(cfg).save_pretrained(path)
-    transformers.AutoTokenizer.from_pretrained(default_model_path).save_pretrained(path)
-    return str(path)
-
-
-def make(tiny_model: str, **overrides: Any):
-    io = FakeIO()
-    cfg = dict(model_path=tiny_model, device="cpu", dtype="float32", max_total_tokens=2048, max_running_requests=16,
-               disable_overlap_schedule=True)
-    cfg.update(overrides)
-    return build_scheduler(resolve_config(ServerConfig(**cfg)), io), io
-
-
-def submit(io: FakeIO, rid: str, prompt: list[int], **params: Any) -> None:
-    extra = {k: params.pop(k) for k in ("return_logprob", "logprob_start_len", "top_logprobs_num") if k in params}
-    sp = SamplingParams(**{"temperature": 0.0, "ignore_eos": True, **params})
-    io.inbox.append(GenerateReq(rid, prompt, sp, **extra))
-
-
-def run_until_idle(sched, io: FakeIO, max_steps: int = 5000) -> dict[str, dict[str, Any]]:
-    """Drive the scheduler's own loop (overlapped or not) until it is idle."""
-    overlap = isinstance(sched, OverlapScheduler)
-    with ThreadPoolExecutor(max_workers=1) as worker:
-        pending = None
-        for _ in range(max_steps):
-            if overlap:
-                pending = sched.overlap_step(worker, pending)
-            else:
-                sched.step()
-            if sched.is_idle and not io.inbox and pending is None:
-                break
-        else:
-            raise AssertionError("scheduler did not go idle")
-    sched.check_idle_integrity()
-    return collect(io)
-
-
-def collect(io: FakeIO) -> dict[str, dict[str, Any]]:
-    results: dict[str, dict[str, Any]] = {}
-    for out in io.outs:
-        for i, rid in enumerate(out.rids):
-            r = results.setdefault(rid, {"ids": [], "finish": None, "finishes": 0, "input_logprobs": None})
-            r["ids"] += out.new_ids[i]
-            r["cached"] = out.cached_tokens[i]
-            if out.input_logprobs[i] is not None:
-                r["input_logprobs"] = out.input_logprobs[i]
-            if out.finished_reasons[i] is not None:
-                r["finish"] = out.finished_reasons[i]
-                r["finishes"] += 1
-    io.outs.clear()
-    return results
-
+from tests.scheduler.harness import VOCAB, collect, make, run_until_idle, submit
 
 def workload(seed: int = 0, n: int = 12) -> list[list[int]]:
     rng = random.Random(seed)
@@ -131,6 +45,7 @@ CONFIGS = [
     dict(max_total_tokens=96, chunked_prefill_size=16),  # tight pool: admission waits, eviction
     dict(page_size=4, chunked_prefill_size=8),
     dict(schedule_policy="lpm", max_running_requests=3),
+    dict(schedule_policy="dfs-weight", chunked_prefill_size=8),
 ]
 
 

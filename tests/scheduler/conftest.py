@@ -1,0 +1,22 @@
+"""Fixtures for the scheduler tests: a tiny random-weight Llama with the default tokenizer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from tests.scheduler.harness import VOCAB
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory, default_model_path: str) -> str:
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=512, eos_token_id=2,
+    )
+    path = tmp_path_factory.mktemp("tiny_llama")
+    transformers.LlamaForCausalLM(cfg).save_pretrained(path)
+    transformers.AutoTokenizer.from_pretrained(default_model_path).save_pretrained(path)
+    return str(path)
