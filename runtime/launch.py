@@ -221,11 +221,8 @@ def _join_or_kill(processes: list[BaseProcess], grace_s: float) -> None:
     for p in processes:
         if p.is_alive():
             if grace_s > 0:
-                logger.warning("%s did not exit after ShutdownReq; terminating it", p.name)
-            p.terminate()
-            p.join(timeout=KILL_JOIN_S)
-        if p.is_alive():
-            p.kill()
+                logger.warning("%s did not exit after ShutdownReq; killing it", p.name)
+            p.kill()  # children ignore SIGTERM (see procutil.configure_child)
             p.join(timeout=KILL_JOIN_S)
 
 

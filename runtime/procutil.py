@@ -1,6 +1,6 @@
 """Helpers every child process (scheduler, detokenizer) runs first.
 
-    configure_child(config, "detokenizer")   process title, logging, SIGINT ignored
+    configure_child(config, "detokenizer")   process title, logging, SIGINT/SIGTERM ignored
     watch_parent()                           exit as soon as the launching process dies
 
 The parent-death watch uses the sentinel multiprocessing gives a spawned child: a pipe whose
@@ -28,7 +28,8 @@ PARENT_DIED_EXIT_CODE = 1
 def configure_child(config: ServerConfig, name: str) -> None:
     """Set the process title (when setproctitle is installed), logging and signal handling.
 
-    SIGINT is ignored: Ctrl-C in a terminal reaches the whole process group, and the parent,
+    SIGINT and SIGTERM are ignored: Ctrl-C in a terminal, or a SIGTERM sent to the process group
+    (timeout, systemd), reaches every process, and the parent,
     which owns the shutdown, stops the children with a ShutdownReq (or by dying).
     """
     try:
@@ -38,6 +39,7 @@ def configure_child(config: ServerConfig, name: str) -> None:
     except ImportError:
         pass
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     configure_logging(config.log_level, name)
 
 

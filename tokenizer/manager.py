@@ -77,6 +77,10 @@ class TokenizerManager:
         self.dead_reason: str | None = None
         self.on_dead: Callable[[str], None] | None = None
         """Called once (on the loop) when the runtime fails, e.g. to shut the tree down."""
+        self.on_output: Callable[[ReqState, int, float], None] | None = None
+        """Called (on the loop) after each output is folded into a request's state, with the
+        completion tokens it had before and the arrival time; the HTTP server's metrics use it
+        for token counters and TTFT / inter-token / end-to-end latencies. Must not raise."""
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._req_ids = itertools.count(1)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -159,6 +163,13 @@ class TokenizerManager:
                 f"tokens. You requested a total of {len(ids) + params.max_new_tokens} tokens: "
                 f"{len(ids)} tokens from the input and {params.max_new_tokens} tokens for the "
                 "completion (max_new_tokens). Reduce the input or max_new_tokens.",
+                param="max_new_tokens")
+        kv_total = self.scheduler_info.get("max_total_tokens")
+        if kv_total is not None and len(ids) + params.max_new_tokens > kv_total:
+            raise InvalidRequest(
+                f"The request needs {len(ids) + params.max_new_tokens} KV cache slots "
+                f"({len(ids)} input + {params.max_new_tokens} max_new_tokens) but the whole KV "
+                f"cache holds {kv_total}. Reduce the input or max_new_tokens.",
                 param="max_new_tokens")
         if params.n > self.config.max_n:
             raise InvalidRequest(f"n must be <= {self.config.max_n}, got {params.n}", param="n")
@@ -295,7 +306,10 @@ class TokenizerManager:
             state = self.rid_to_state.get(rid)
             if state is None:  # aborted by its consumer, or failed
                 continue
+            before = state.completion_tokens
             apply_output(state, out, i, now, self._token_texts)
+            if self.on_output is not None:
+                self.on_output(state, before, now)
             if state.finished:
                 del self.rid_to_state[rid]
             if state.finished or state.stream:

@@ -1,0 +1,71 @@
+"""Scheduling never changes a greedy token: the default model in fp32 under every combination of
+overlap on/off, radix cache on/off, chunked prefill 32/none and page size 1/16, plus pools small
+enough to force eviction and retraction. The memory invariant holds after each run, idle."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from tests.scheduler.harness import make, run_until_idle, submit
+
+pytestmark = pytest.mark.slow
+
+SYSTEM = list(range(1000, 1090))  # a shared 90-token "system prompt"
+
+
+def prompts() -> list[tuple[list[int], dict]]:
+    rng = random.Random(3)
+    out = []
+    for i in range(10):
+        own = [rng.randrange(200, 40000) for _ in range(rng.randrange(3, 70))]
+        prompt = SYSTEM + own if i % 3 else own
+        params: dict = {"max_new_tokens": 12}
+        if i % 4 == 1:
+            params["stop"] = [".", " the"]  # stop strings end some requests early
+        out.append((prompt, params))
+    return out
+
+
+def long_outputs() -> list[tuple[list[int], dict]]:
+    """Requests that all grow at once: with optimistic reservations the pool must retract."""
+    rng = random.Random(5)
+    return [([rng.randrange(200, 40000) for _ in range(rng.randrange(12, 40))], {"max_new_tokens": 64})
+            for _ in range(8)]
+
+
+def run(default_model_path: str, workload=prompts, optimistic: bool = False, **overrides) -> tuple[dict, object]:
+    sched, io = make(default_model_path, max_total_tokens=overrides.pop("max_total_tokens", 8192), **overrides)
+    if optimistic:  # reserve nothing for decode growth, as after a long quiet decay
+        sched.ratio.value = 0.0
+    for i, (prompt, params) in enumerate(workload()):
+        submit(io, f"e{i}", prompt, ignore_eos=False, **params)
+    results = run_until_idle(sched, io)
+    return {rid: (r["ids"], r["finish"]) for rid, r in results.items()}, sched
+
+
+@pytest.fixture(scope="module")
+def baseline(default_model_path: str) -> dict:
+    return run(default_model_path, disable_overlap_schedule=True, disable_radix_cache=True, chunked_prefill_size=-1)[0]
+
+
+GRID = list(itertools.product([False, True], [False, True], [32, -1], [1, 16]))
+
+
+@pytest.mark.parametrize("overlap,radix,chunk,page", GRID, ids=[f"ov{o}-rx{r}-ch{c}-pg{p}" for o, r, c, p in GRID])
+def test_same_tokens_every_configuration(default_model_path, baseline, overlap, radix, chunk, page) -> None:
+    results, _ = run(default_model_path, disable_overlap_schedule=not overlap, disable_radix_cache=not radix,
+                     chunked_prefill_size=chunk, page_size=page, dtype="float32")
+    assert results == baseline
+    assert any(finish["type"] == "stop" and isinstance(finish["matched"], str) for _, finish in results.values())
+
+
+@pytest.mark.parametrize("overlap,page", [(False, 1), (True, 1), (True, 16)])
+def test_same_tokens_with_eviction_and_retraction(default_model_path, overlap, page) -> None:
+    expected, _ = run(default_model_path, long_outputs, disable_overlap_schedule=True)
+    results, sched = run(default_model_path, long_outputs, disable_overlap_schedule=not overlap,
+                         chunked_prefill_size=32, page_size=page, max_total_tokens=480, optimistic=True)
+    assert results == expected
+    assert sched.retractions > 0

@@ -1,0 +1,124 @@
+"""Start the real HTTP server as a subprocess for process tests, and small HTTP helpers.
+
+    with RunningServer.start(model_path, "--api-key", "k") as server:
+        requests.get(server.url + "/health")
+
+The server runs `python -m tokenizer.http_server` on a free port with float32 weights, a small KV
+pool and one torch thread (several torch threads fight over the few cores of a loaded CI machine
+and get ~10x slower). Its output goes to a log file that a failing start prints.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import requests
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+START_TIMEOUT_S = 180.0
+BASE_ARGS = ("--dtype", "float32", "--max-total-tokens", "8192", "--num-threads", "1",
+             "--context-length", "2048")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class RunningServer:
+    """A server subprocess; `stop()` sends SIGTERM and waits (then kills)."""
+
+    process: subprocess.Popen[bytes]
+    port: int
+    log_path: str
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @classmethod
+    def start(cls, model_path: str, *extra: str) -> RunningServer:
+        port = free_port()
+        log = tempfile.NamedTemporaryFile(prefix="radixserve-http-", suffix=".log", delete=False)
+        cmd = [sys.executable, "-m", "tokenizer.http_server", "--model-path", model_path,
+               "--port", str(port), *BASE_ARGS, *extra]
+        process = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        server = cls(process, port, log.name)
+        try:
+            server.wait_healthy()
+        except BaseException:
+            server.stop()
+            raise
+        return server
+
+    def wait_healthy(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited with {self.process.returncode}:\n{self.log()}")
+            try:
+                if requests.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except (requests.ConnectionError, requests.Timeout):
+                pass
+            time.sleep(0.25)
+        raise TimeoutError(f"server not healthy in {START_TIMEOUT_S} s:\n{self.log()}")
+
+    def log(self) -> str:
+        with open(self.log_path, errors="replace") as fh:
+            return fh.read()
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        return self.process.returncode
+
+    def __enter__(self) -> RunningServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def post(server: RunningServer, path: str, body: Any, **kwargs: Any) -> requests.Response:
+    return requests.post(server.url + path, json=body, timeout=kwargs.pop("timeout", 60), **kwargs)
+
+
+def sse_events(response: requests.Response) -> Iterator[str]:
+    """The `data:` payloads of an SSE response, in order ("[DONE]" included)."""
+    for line in response.iter_lines():
+        if line.startswith(b"data: "):
+            yield line[len(b"data: "):].decode()
+
+
+def server_state(server: RunningServer, headers: dict[str, str] | None = None) -> dict[str, Any]:
+    info = requests.get(server.url + "/get_server_info", headers=headers, timeout=30).json()
+    return dict(info["internal_states"][0])
+
+
+def wait_idle(server: RunningServer, timeout: float = 15.0,
+              headers: dict[str, str] | None = None) -> dict[str, Any]:
+    """Poll until the scheduler runs and queues nothing; returns that state."""
+    deadline = time.monotonic() + timeout
+    while True:
+        state = server_state(server, headers)
+        if state["running"] == 0 and state["waiting"] == 0:
+            return state
+        assert time.monotonic() < deadline, f"scheduler still busy: {state}"
+        time.sleep(0.1)

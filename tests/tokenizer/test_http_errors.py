@@ -1,0 +1,285 @@
+"""Bad requests, sizes and the API key against the real server (one subprocess with --api-key and
+a small body limit): every rejection is an OpenAI error object naming the problem, none reaches
+the scheduler, and a good request still works afterwards; a killed child fails everything.
+The first tests run the app in-process with a fake manager: phases and internal errors."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import openai
+import pytest
+import requests
+from aiohttp.test_utils import TestClient, TestServer
+
+from runtime.config import ServerConfig
+from runtime.errors import RuntimeCrashed
+from tests.tokenizer.http_helpers import RunningServer, server_state
+from tokenizer.http_server import create_app
+from tokenizer.server_state import ServerState
+
+# ---------------------------------------------------------------- in-process, fake manager
+
+
+class FakeManager:
+    """Just enough of a TokenizerManager: `generate` fails in the way the test asks."""
+
+    dead_reason: str | None = None
+    is_healthy = True
+    on_output = None
+    context_length = 100
+
+    def __init__(self, failure: BaseException, after_one_chunk: bool) -> None:
+        self.failure, self.after_one_chunk = failure, after_one_chunk
+
+    def generate(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        if not self.after_one_chunk:
+            raise self.failure
+
+        async def results() -> AsyncIterator[dict[str, Any]]:
+            yield {"text": "a", "output_ids": [1], "meta_info": {"finish_reason": None}}
+            raise self.failure
+
+        return results()
+
+
+def _app_call(manager: FakeManager | None, method: str, path: str,
+              body: Any = None) -> tuple[int, str]:
+    async def call() -> tuple[int, str]:
+        server = ServerState(ServerConfig(model_path="/models/fake", context_length=100))
+        if manager is not None:
+            server.attach(manager)  # type: ignore[arg-type]
+        async with TestClient(TestServer(create_app(server))) as client:
+            resp = await client.request(method, path, json=body)
+            return resp.status, await resp.text()
+
+    return asyncio.run(call())
+
+
+def test_while_starting_only_static_routes_answer() -> None:
+    for method, path in (("GET", "/health"), ("POST", GEN), ("POST", CHAT),
+                         ("GET", "/get_server_info"), ("POST", "/flush_cache")):
+        status, text = _app_call(None, method, path, {"text": "hi"})
+        assert status == 503 and "starting" in text, (path, text)
+    assert _app_call(None, "GET", "/v1/models")[0] == 200
+    assert _app_call(None, "GET", "/get_model_info")[0] == 200
+
+
+def test_unexpected_errors_are_500_without_details() -> None:
+    status, text = _app_call(FakeManager(RuntimeError("secret detail"), False), "POST", GEN,
+                             {"text": "hi"})
+    assert status == 500 and "secret" not in text and json.loads(text)["error"]["code"] == 500
+    status, text = _app_call(FakeManager(RuntimeCrashed("scheduler died"), False), "POST", GEN,
+                             {"text": "hi"})
+    assert status == 503 and "scheduler died" in text
+
+
+def test_errors_after_the_stream_started_are_events() -> None:
+    for failure, code in ((RuntimeError("secret detail"), 500), (RuntimeCrashed("gone"), 503)):
+        status, text = _app_call(FakeManager(failure, True), "POST", GEN,
+                                 {"text": "hi", "stream": True})
+        events = [line[len("data: "):] for line in text.splitlines() if line.startswith("data: ")]
+        assert status == 200 and events[-1] == "[DONE]" and json.loads(events[0])["text"] == "a"
+        assert json.loads(events[-2])["error"]["code"] == code and "secret" not in text
+
+
+# ---------------------------------------------------------------- the real server
+
+KEY = "test-key-123"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+BODY_LIMIT = 65536
+CHAT = "/v1/chat/completions"
+COMP = "/v1/completions"
+GEN = "/generate"
+MSG = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(scope="module")
+def server(default_model_path: str) -> Iterator[RunningServer]:
+    running = RunningServer.start(default_model_path, "--api-key", KEY,
+                                  "--max-request-bytes", str(BODY_LIMIT))
+    yield running
+    running.stop()
+
+
+def _chat(**fields: Any) -> dict[str, Any]:
+    return {"model": "m", "messages": MSG, "max_tokens": 4, **fields}
+
+
+def _comp(**fields: Any) -> dict[str, Any]:
+    return {"model": "m", "prompt": "hi", "max_tokens": 4, **fields}
+
+
+RAW = object()  # marks a body sent as raw bytes
+BAD_REQUESTS: list[tuple[str, str, Any, int, str, str | None]] = [
+    # (path, method, body, status, words in the message, param)
+    (CHAT, "POST", (RAW, b"not json{{{"), 400, "not valid JSON", None),
+    (CHAT, "POST", (RAW, b""), 400, "empty", None),
+    (CHAT, "POST", [1, 2], 400, "JSON object", None),
+    (GEN, "POST", 42, 400, "JSON object", None),
+    (COMP, "POST", None, 400, "JSON object", None),
+    (COMP, "POST", _comp(prompt=""), 400, "prompt", "prompt"),
+    (COMP, "POST", _comp(prompt=[]), 400, "prompt", "prompt"),
+    (COMP, "POST", _comp(prompt=[999999]), 400, "outside", "prompt"),
+    (COMP, "POST", _comp(prompt=[[1, 2], [-1]]), 400, "negative", "prompt"),
+    (COMP, "POST", _comp(prompt="hello " * 2100), 400, "context length", "prompt"),
+    (COMP, "POST", _comp(max_tokens=5000), 400, "maximum context length", "max_tokens"),
+    (COMP, "POST", _comp(max_tokens=-1), 400, "max_tokens", "max_tokens"),
+    (COMP, "POST", _comp(logprobs=50), 400, "logprobs", "logprobs"),
+    (COMP, "POST", _comp(seed=-1), 400, "seed", "seed"),
+    (COMP, "POST", _comp(regex="[a-z]+"), 400, "not supported yet", "regex"),
+    (COMP, "POST", _comp(suffix="x"), 400, "suffix", "suffix"),
+    (CHAT, "POST", _chat(messages=[]), 400, "messages", "messages"),
+    (CHAT, "POST", _chat(messages=[{"role": "wizard", "content": "x"}]), 400, "role",
+     "messages[0].role"),
+    (CHAT, "POST", _chat(messages=[{"role": "user", "content": [{"type": "image_url"}]}]), 400,
+     "text", "messages[0].content"),
+    (CHAT, "POST", _chat(temperature="hot"), 400, "temperature must be a number", "temperature"),
+    (CHAT, "POST", _chat(top_p=1.5), 400, "top_p", "top_p"),
+    (CHAT, "POST", _chat(frequency_penalty=3), 400, "frequency_penalty", "frequency_penalty"),
+    (CHAT, "POST", _chat(n=99), 400, "n must be <= 16", "n"),
+    (CHAT, "POST", _chat(max_tokens="ten"), 400, "max_tokens must be an integer", "max_tokens"),
+    (CHAT, "POST", _chat(logprobs=True, top_logprobs=50), 400, "top_logprobs", "top_logprobs"),
+    (CHAT, "POST", _chat(top_logprobs=2), 400, "requires logprobs", "top_logprobs"),
+    (CHAT, "POST", _chat(logit_bias={"999999": 1}), 400, "outside", "logit_bias"),
+    (CHAT, "POST", _chat(stop_token_ids=[-5]), 400, "stop_token_ids", "stop_token_ids"),
+    (CHAT, "POST", _chat(stream="yes"), 400, "stream must be a boolean", "stream"),
+    (CHAT, "POST", _chat(stream_options={"include_usage": True}), 400, "only allowed when stream",
+     "stream_options"),
+    (CHAT, "POST", _chat(response_format={"type": "json_object"}), 400, "not supported yet",
+     "response_format"),
+    (CHAT, "POST", _chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400,
+     "not supported yet", "tools"),
+    (CHAT, "POST", _chat(tool_choice="sometimes"), 400, "tool_choice", "tool_choice"),
+    (CHAT, "POST", _chat(foo=1), 400, "Unrecognized request argument", "foo"),
+    (GEN, "POST", {"text": "hi", "input_ids": [1]}, 400, "exactly one", "text"),
+    (GEN, "POST", {"text": "hi", "sampling_params": {"max_new_tokens": -1}}, 400,
+     "max_new_tokens", "max_new_tokens"),
+    (GEN, "POST", {"text": "hi", "sampling_params": {"json_schema": "{}"}}, 400,
+     "not supported yet", "sampling_params.json_schema"),
+    (GEN, "POST", {"text": "hi", "sampling_params": {"nope": 1}}, 400, "unknown", "nope"),
+    ("/abort_request", "POST", {}, 400, "rid", "rid"),
+    (CHAT, "GET", None, 405, "not allowed", None),
+    ("/no/such/route", "GET", None, 404, "Not found", None),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("path", "method", "body", "status", "words", "param"), BAD_REQUESTS,
+                         ids=[f"{i}-{r[0]}" for i, r in enumerate(BAD_REQUESTS)])
+def test_bad_request(server: RunningServer, path: str, method: str, body: Any, status: int,
+                     words: str, param: str | None) -> None:
+    if isinstance(body, tuple) and body[0] is RAW:
+        kwargs: dict[str, Any] = {"data": body[1]}
+    else:
+        kwargs = {"json": body} if method == "POST" else {}
+    resp = requests.request(method, server.url + path, headers=AUTH, timeout=30, **kwargs)
+    assert resp.status_code == status, resp.text
+    error = resp.json()["error"]
+    assert words in error["message"], error
+    assert error["param"] == param and error["code"] == status and error["type"]
+
+
+@pytest.mark.slow
+def test_nothing_reached_the_scheduler_and_good_requests_work(server: RunningServer) -> None:
+    state = server_state(server, AUTH)
+    assert state["integrity"] == "ok" and state["running"] == 0
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
+    out = client.chat.completions.create(model="m", messages=MSG, max_tokens=3, temperature=0)
+    assert out.choices[0].message.content
+    with pytest.raises(openai.BadRequestError, match="top_p"):
+        client.chat.completions.create(model="m", messages=MSG, max_tokens=3, top_p=7)
+
+
+@pytest.mark.slow
+def test_request_body_over_the_limit_is_413(server: RunningServer) -> None:
+    big = {"text": "x" * (BODY_LIMIT + 10)}
+    resp = requests.post(server.url + GEN, json=big, headers=AUTH, timeout=30)
+    assert resp.status_code == 413 and resp.json()["error"]["code"] == 413
+    chunked = iter([b'{"text": "', b"x" * (BODY_LIMIT + 10), b'"}'])  # no Content-Length
+    resp = requests.post(server.url + GEN, data=chunked, headers=AUTH, timeout=30)
+    assert resp.status_code == 413, resp.text
+
+
+ROUTES = [
+    ("POST", GEN, {"text": "hi", "sampling_params": {"max_new_tokens": 1}}),
+    ("GET", "/health_generate", None), ("GET", "/get_model_info", None),
+    ("GET", "/get_server_info", None), ("POST", "/flush_cache", None),
+    ("POST", "/abort_request", {"rid": "nothing"}), ("GET", "/metrics", None),
+    ("GET", "/v1/models", None), ("POST", COMP, _comp(max_tokens=1)),
+    ("POST", CHAT, _chat(max_tokens=1)),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("method", "path", "body"), ROUTES, ids=[r[1] for r in ROUTES])
+def test_api_key_guards_every_route(server: RunningServer, method: str, path: str,
+                                    body: Any) -> None:
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
+        resp = requests.request(method, server.url + path, json=body, headers=headers, timeout=30)
+        assert resp.status_code == 401, (headers, resp.text)
+        assert resp.json()["error"]["type"] == "authentication_error"
+    resp = requests.request(method, server.url + path, json=body, headers=AUTH, timeout=30)
+    assert resp.status_code == 200, resp.text
+
+
+@pytest.mark.slow
+def test_health_is_exempt_and_unknown_routes_are_not(server: RunningServer) -> None:
+    assert requests.get(server.url + "/health", timeout=10).status_code == 200
+    assert requests.get(server.url + "/secret", timeout=10).status_code == 401
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        client.models.list()
+
+
+def _runtime_children(pid: int) -> list[int]:
+    """The spawned scheduler/detokenizer processes of the server `pid` (any of its threads may
+    have spawned them, so every task's children are read)."""
+    children = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as fh:
+            children += [int(c) for c in fh.read().split()]
+    out = []
+    for child in children:
+        with open(f"/proc/{child}/cmdline", "rb") as fh:
+            if b"spawn_main" in fh.read():
+                out.append(child)
+    return out
+
+
+@pytest.mark.slow
+def test_a_dead_child_fails_requests_and_exits_nonzero(server: RunningServer) -> None:
+    """Last in this module: it kills the server's runtime."""
+    results: dict[str, Any] = {}
+
+    def stream() -> None:
+        body = {"text": "Count:", "stream": True, "sampling_params": {"max_new_tokens": 1500}}
+        with requests.post(server.url + GEN, json=body, headers=AUTH, stream=True,
+                           timeout=60) as resp:
+            results["events"] = [line for line in resp.iter_lines() if line]
+
+    def plain() -> None:
+        body = {"text": "Count:", "sampling_params": {"max_new_tokens": 1500}}
+        results["plain"] = requests.post(server.url + GEN, json=body, headers=AUTH, timeout=60)
+
+    workers = [threading.Thread(target=stream), threading.Thread(target=plain)]
+    for w in workers:
+        w.start()
+    time.sleep(1.5)
+    children = _runtime_children(server.process.pid)
+    assert len(children) == 2
+    os.kill(children[0], signal.SIGKILL)
+    for w in workers:
+        w.join(30)
+    assert results["events"][-1] == b"data: [DONE]"
+    assert b'"error"' in results["events"][-2] and b"503" in results["events"][-2]
+    assert results["plain"].status_code == 503
+    assert server.process.wait(30) == 1
+    assert "exit code 1" in server.log()

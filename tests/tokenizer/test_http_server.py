@@ -1,0 +1,196 @@
+"""The real server over HTTP (one subprocess for the module): the official `openai` client, the
+native /generate API, disconnect-abort, /metrics, and the SIGTERM drain (last: it stops the
+server)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import openai
+import pytest
+import requests
+
+from tests.tokenizer.http_helpers import RunningServer, post, sse_events, wait_idle
+
+pytestmark = pytest.mark.slow
+
+GREEDY = {"temperature": 0}
+LONG = {"max_new_tokens": 1500, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def server(default_model_path: str) -> Iterator[RunningServer]:
+    running = RunningServer.start(default_model_path, "--served-model-name", "smol", "--max-n", "4")
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server: RunningServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+CHAT = [{"role": "user", "content": "Name three colors."}]
+
+
+def test_models(client: openai.OpenAI) -> None:
+    models = client.models.list().data
+    assert [m.id for m in models] == ["smol"]
+
+
+def test_chat_stream_joins_to_the_non_streamed_text(client: openai.OpenAI) -> None:
+    full = client.chat.completions.create(model="smol", messages=CHAT, max_tokens=12, temperature=0)
+    assert full.id.startswith("chatcmpl-") and full.model == "smol"
+    text = full.choices[0].message.content
+    assert text and full.choices[0].finish_reason in ("stop", "length")
+    assert full.usage.prompt_tokens > 0 and full.usage.completion_tokens <= 12
+    stream = client.chat.completions.create(
+        model="smol", messages=CHAT, max_tokens=12, temperature=0, stream=True,
+        stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    joined = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert joined == text
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
+    reasons = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert reasons[-1] == full.choices[0].finish_reason
+
+
+def test_chat_n_stop_and_logprobs(client: openai.OpenAI) -> None:
+    out = client.chat.completions.create(model="smol", messages=CHAT, max_tokens=6, n=2,
+                                         temperature=0.8, seed=7, logprobs=True, top_logprobs=3)
+    assert [c.index for c in out.choices] == [0, 1]
+    for choice in out.choices:
+        content = choice.logprobs.content
+        assert 1 <= len(content) <= 6
+        assert all(len(t.top_logprobs) == 3 and t.logprob <= 0 for t in content)
+    greedy = client.chat.completions.create(model="smol", messages=CHAT, max_tokens=12,
+                                            temperature=0)
+    words = greedy.choices[0].message.content.split()
+    assert len(words) >= 2
+    stopped = client.chat.completions.create(model="smol", messages=CHAT, max_tokens=12,
+                                             temperature=0, stop=[words[1]])
+    assert stopped.choices[0].finish_reason == "stop"
+    assert words[1] not in stopped.choices[0].message.content
+
+
+def test_completions_batch_echo_logprobs_and_stream(client: openai.OpenAI) -> None:
+    out = client.completions.create(model="smol", prompt=["Once upon a time", "1, 2, 3,"],
+                                    max_tokens=5, temperature=0, echo=True, logprobs=2)
+    assert out.id.startswith("cmpl-") and len(out.choices) == 2
+    assert out.choices[1].text.startswith("1, 2, 3,")
+    lp = out.choices[0].logprobs
+    assert lp.token_logprobs[0] is None and len(lp.tokens) == len(lp.token_logprobs)
+    assert "".join(lp.tokens) == out.choices[0].text
+    single = client.completions.create(model="smol", prompt="1, 2, 3,", max_tokens=5, temperature=0)
+    stream = client.completions.create(model="smol", prompt="1, 2, 3,", max_tokens=5, temperature=0,
+                                       stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == single.choices[0].text
+    assert chunks[-1].usage.completion_tokens == single.usage.completion_tokens
+
+
+def test_cached_tokens_on_a_repeated_long_prompt(client: openai.OpenAI) -> None:
+    prompt = "The history of the printing press begins " + "long ago and far away " * 40
+    first = client.completions.create(model="smol", prompt=prompt, max_tokens=2, temperature=0)
+    second = client.completions.create(model="smol", prompt=prompt, max_tokens=2, temperature=0)
+    assert second.usage.prompt_tokens > 100
+    assert second.usage.prompt_tokens_details.cached_tokens >= second.usage.prompt_tokens - 2
+    assert first.choices[0].text == second.choices[0].text
+
+
+def test_native_generate_stream_batch_and_logprobs(server: RunningServer) -> None:
+    body = {"text": "The capital of France is", "sampling_params": {"max_new_tokens": 8, **GREEDY}}
+    full = post(server, "/generate", body).json()
+    with requests.post(server.url + "/generate", json={**body, "stream": True}, stream=True,
+                       timeout=60) as resp:
+        events = list(sse_events(resp))
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert chunks[-1]["text"] == full["text"] and chunks[-1]["output_ids"] == full["output_ids"]
+    batch = post(server, "/generate", {"text": ["Hello", "Goodbye"],
+                                       "sampling_params": {"max_new_tokens": 3, **GREEDY},
+                                       "return_logprob": True, "top_logprobs_num": 2}).json()
+    assert len(batch) == 2
+    meta = batch[0]["meta_info"]
+    assert len(meta["output_token_logprobs"]) == 3 and len(meta["output_top_logprobs"][0]) == 2
+
+
+def test_native_info_routes(server: RunningServer) -> None:
+    info = requests.get(server.url + "/get_model_info", timeout=10).json()
+    assert info["is_generation"] is True and os.path.isdir(info["model_path"])
+    server_info = requests.get(server.url + "/get_server_info", timeout=10).json()
+    assert "api_key" not in server_info and server_info["internal_states"][0]["integrity"] == "ok"
+    assert requests.get(server.url + "/health_generate", timeout=30).status_code == 200
+    assert requests.post(server.url + "/flush_cache", timeout=30).text == "Cache flushed."
+
+
+def _stream_then_disconnect(server: RunningServer, path: str, body: dict) -> None:
+    """Read a few SSE events, then close the connection (leaving the `with` closes the socket,
+    as the body was not read to the end)."""
+    with requests.post(server.url + path, json=body, stream=True, timeout=60) as resp:
+        assert resp.status_code == 200
+        for n, _ in enumerate(resp.iter_lines()):
+            if n >= 6:
+                break
+
+
+def test_disconnect_aborts_streamed_and_plain_requests(server: RunningServer) -> None:
+    _stream_then_disconnect(server, "/generate", {"text": "Count:", "stream": True,
+                                                  "sampling_params": LONG})
+    _stream_then_disconnect(server, "/v1/chat/completions", {
+        "messages": CHAT, "stream": True, "max_tokens": 1500, "ignore_eos": True})
+    with pytest.raises(requests.ReadTimeout):
+        post(server, "/v1/completions", {"prompt": "Count:", "max_tokens": 1500,
+                                         "ignore_eos": True}, timeout=1.0)
+    state = wait_idle(server, timeout=10)
+    assert state["integrity"] == "ok" and state["rows_free"] == state["rows_total"]
+    ok = post(server, "/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": 2}})
+    assert ok.status_code == 200
+
+
+def test_abort_request_by_rid(server: RunningServer) -> None:
+    result: dict = {}
+    body = {"text": "Count:", "rid": "to-abort", "sampling_params": LONG}
+    worker = threading.Thread(target=lambda: result.update(post(server, "/generate", body).json()))
+    worker.start()
+    time.sleep(1.0)
+    assert post(server, "/abort_request", {"rid": "to-abort"}).json()["success"] is True
+    worker.join(30)
+    assert result["meta_info"]["finish_reason"]["type"] == "abort"
+
+
+def test_metrics(server: RunningServer) -> None:
+    text = requests.get(server.url + "/metrics", timeout=10).text
+    for name in ("num_running_reqs", "num_queue_reqs", "token_usage", "cache_hit_rate",
+                 "gen_throughput", "prompt_tokens_total", "generation_tokens_total",
+                 "cached_tokens_total", "num_requests_total", "time_to_first_token_seconds_bucket",
+                 "inter_token_latency_seconds_count", "e2e_request_latency_seconds_sum"):
+        assert f"radixserve:{name}" in text, name
+    assert 'model_name="smol"' in text
+
+
+def test_sigterm_drains_then_exits_zero(server: RunningServer) -> None:
+    """In-flight requests finish, new ones get 503 (or find the port closed), exit code 0."""
+    result: dict = {}
+    body = {"text": "Count:", "sampling_params": {"max_new_tokens": 30, "ignore_eos": True}}
+    worker = threading.Thread(target=lambda: result.update(post(server, "/generate", body).json()))
+    worker.start()
+    time.sleep(0.5)
+    server.process.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    try:
+        late = post(server, "/generate", body, timeout=10)
+        assert late.status_code == 503 and "error" in late.json()
+    except requests.ConnectionError:
+        pass
+    worker.join(60)
+    assert result["meta_info"]["finish_reason"]["type"] == "length"
+    assert server.process.wait(60) == 0
+    assert "server stopped (exit code 0)" in server.log()

@@ -1,0 +1,178 @@
+"""The HTTP server: the aiohttp app (routes only: HTTP in, HTTP out) and `serve(config)`.
+
+    radixserve serve --port 30000 ...        (or: python -m tokenizer.http_server --port 30000)
+
+Native (SGLang):  POST /generate, GET /health, GET /health_generate, GET /get_model_info,
+                  GET /get_server_info, POST /flush_cache, POST /abort_request, GET /metrics
+OpenAI:           GET /v1/models, POST /v1/completions, POST /v1/chat/completions
+
+Every generating route goes through `streaming.run_generation` (validation, SSE, abort on
+disconnect); every error is an OpenAI error object (`errors.error_middleware`); with --api-key,
+`errors.auth_middleware` guards every route but /health. Logic lives in native_api.py,
+openai_protocol.py and openai_api.py; the process lifecycle in lifecycle.py.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from runtime.config import ServerConfig
+from runtime.errors import InvalidRequest
+from tokenizer import native_api, openai_api, openai_protocol
+from tokenizer.errors import HTTPError, Handler, auth_middleware, error_middleware, error_response
+from tokenizer.metrics import CONTENT_TYPE
+from tokenizer.server_state import Phase, ServerState
+from tokenizer.streaming import json_response, run_generation
+
+SERVER: web.AppKey[ServerState] = web.AppKey("server", ServerState)
+
+
+def create_app(server: ServerState) -> web.Application:
+    """The aiohttp application for one server (its own metrics registry included)."""
+    middlewares: list[Any] = [_count_middleware(server), error_middleware]
+    if server.config.api_key:
+        middlewares.append(auth_middleware(server.config.api_key))
+    app = web.Application(client_max_size=server.config.max_request_bytes, middlewares=middlewares)
+    app[SERVER] = server
+    app.add_routes([
+        web.post("/generate", generate), web.put("/generate", generate),
+        web.get("/health", health), web.get("/health_generate", health_generate),
+        web.get("/get_model_info", get_model_info), web.get("/get_server_info", get_server_info),
+        web.post("/flush_cache", flush_cache), web.get("/flush_cache", flush_cache),
+        web.post("/abort_request", abort_request), web.get("/metrics", metrics),
+        web.get("/v1/models", list_models), web.post("/v1/completions", completions),
+        web.post("/v1/chat/completions", chat_completions),
+    ])
+    return app
+
+
+def _count_middleware(server: ServerState) -> Any:
+    """Count every request by route and final status (499: the client went away)."""
+
+    @web.middleware
+    async def count(request: web.Request, handler: Handler) -> web.StreamResponse:
+        resource = request.match_info.route.resource
+        route = resource.canonical if resource is not None else "unmatched"
+        status = 499
+        try:
+            response = await handler(request)
+            status = response.status
+            return response
+        finally:
+            server.metrics.observe_http(request.method, route, status)
+
+    return count
+
+
+async def _json_body(request: web.Request) -> Any:
+    """The parsed JSON body; 413 over the size limit (checked before reading when announced)."""
+    limit = request.app[SERVER].config.max_request_bytes
+    if request.content_length is not None and request.content_length > limit:
+        raise HTTPError(413, f"The request body ({request.content_length} bytes) is larger than "
+                             f"the limit of {limit} bytes.")
+    raw = await request.read()
+    if not raw:
+        raise InvalidRequest("the request body is empty; send a JSON object")
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
+
+
+# ---------------------------------------------------------------- native
+
+
+async def generate(request: web.Request) -> web.StreamResponse:
+    body = native_api.check_generate_body(await _json_body(request))
+    renderer = native_api.NativeRenderer(stream=body.get("stream") is True)
+    return await run_generation(request, request.app[SERVER], body, renderer)
+
+
+async def health(request: web.Request) -> web.StreamResponse:
+    server = request.app[SERVER]
+    if server.healthy:
+        return web.Response(status=200)
+    reason = server.dead_reason if server.phase is Phase.DEAD else None
+    suffix = f": {reason}" if reason else "."
+    return error_response(503, f"The server is {server.phase.value}{suffix}")
+
+
+async def health_generate(request: web.Request) -> web.StreamResponse:
+    if await native_api.health_generate(request.app[SERVER]):
+        return web.Response(status=200)
+    return error_response(503, "The health-check generation did not finish in time.")
+
+
+async def get_model_info(request: web.Request) -> web.StreamResponse:
+    return json_response(native_api.model_info(request.app[SERVER]))
+
+
+async def get_server_info(request: web.Request) -> web.StreamResponse:
+    return json_response(await native_api.server_info(request.app[SERVER]))
+
+
+async def flush_cache(request: web.Request) -> web.StreamResponse:
+    if await request.app[SERVER].manager().flush_cache():
+        return web.Response(text="Cache flushed.")
+    return error_response(400, "Cache not flushed: requests are running or waiting.")
+
+
+async def abort_request(request: web.Request) -> web.StreamResponse:
+    body = await _json_body(request)
+    return json_response(await native_api.abort_request(request.app[SERVER], body))
+
+
+async def metrics(request: web.Request) -> web.StreamResponse:
+    server = request.app[SERVER]
+    await server.refresh_gauges()
+    return web.Response(body=server.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+
+
+# ---------------------------------------------------------------- OpenAI
+
+
+async def list_models(request: web.Request) -> web.StreamResponse:
+    server = request.app[SERVER]
+    return json_response(openai_api.models_list(server.model_name, server.created,
+                                                server.config.context_length))
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    server = request.app[SERVER]
+    body = await _json_body(request)
+    tm = server.accepting_manager()
+    plan = openai_protocol.plan_completion(
+        body, server.model_name, server.config.max_top_logprobs,
+        decode=lambda ids: tm.tokenizer.decode(ids))
+    return await run_generation(request, server, plan.body, openai_api.CompletionRenderer(plan))
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    server = request.app[SERVER]
+    body = await _json_body(request)
+    tm = server.accepting_manager()
+    plan = openai_protocol.plan_chat(
+        body, server.model_name, server.config.max_top_logprobs, openai_api.token_budget(tm),
+        render=lambda messages, kwargs: openai_api.chat_prompt_ids(tm, messages, kwargs))
+    return await run_generation(request, server, plan.body, openai_api.ChatRenderer(plan))
+
+
+# ---------------------------------------------------------------- entry points
+
+
+def serve(config: ServerConfig) -> int:
+    """Resolve the config, launch the runtime and serve until SIGTERM/SIGINT (exit 0 after a
+    drain) or a runtime failure (exit 1). `runtime.cli` calls this for `radixserve serve`."""
+    from tokenizer.lifecycle import run
+
+    return run(config, create_app)
+
+
+if __name__ == "__main__":  # `python -m tokenizer.http_server ARGS` is `radixserve serve ARGS`
+    from runtime.cli import main
+
+    sys.exit(main(["serve", *sys.argv[1:]]))

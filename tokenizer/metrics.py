@@ -1,0 +1,179 @@
+"""Prometheus metrics of one server, in its own `CollectorRegistry` (so tests can run several).
+
+Names follow SGLang's (`sglang:` becomes `radixserve:`), each with a `model_name` label:
+
+    gauges      num_running_reqs, num_queue_reqs, num_used_tokens, token_usage,
+                cache_hit_rate, gen_throughput
+    counters    prompt_tokens_total, generation_tokens_total, cached_tokens_total,
+                num_requests_total{finish_reason}, http_requests_total{method, route, status}
+    histograms  time_to_first_token_seconds, inter_token_latency_seconds,
+                e2e_request_latency_seconds
+
+Token counters and latencies come from the TokenizerManager's `on_output` hook
+(`observe_output`); the gauges from the scheduler's state (`update_state`) at each scrape and each
+periodic log tick. Warm-up copies of n>1 prompts and /health_generate probes are not counted.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import (
+    CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest,
+)
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+if TYPE_CHECKING:
+    from tokenizer.io import ReqState
+
+logger = logging.getLogger("radixserve.metrics")
+
+PREFIX = "radixserve:"
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+HEALTH_RID_PREFIX = "HEALTH_CHECK_"
+WARMUP_SUFFIX = "_warmup"  # NOTE: TokenizerManager's WARMUP_SUFFIX (prefill-only n>1 copies)
+TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 120, 160)
+ITL_BUCKETS = (0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.06,
+               0.08, 0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8)
+E2E_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400, 800)
+MAX_TRACKED = 4096  # prune the last-token times of vanished requests beyond this many
+
+
+@dataclass(frozen=True, slots=True)
+class Interval:
+    """Activity since the previous `tick()`: for the periodic log line."""
+
+    seconds: float
+    generation_tokens: float
+    gen_throughput: float
+    cache_hit_rate: float  # cached / prompt tokens of the requests finished in the interval
+
+
+class ServerMetrics:
+    """All metrics of one server; `render()` is the /metrics body."""
+
+    def __init__(self, model_name: str) -> None:
+        disable_created_metrics()  # NOTE: process-wide; the `_created` series are noise here
+        self.registry = CollectorRegistry()
+        self.model_name = model_name
+        self.running = self._gauge("num_running_reqs", "Requests running in the scheduler")
+        self.queued = self._gauge("num_queue_reqs", "Requests waiting in the scheduler")
+        self.used_tokens = self._gauge("num_used_tokens", "KV slots neither free nor evictable")
+        self.token_usage = self._gauge("token_usage", "Fraction of the KV pool held")
+        self.cache_hit_rate = self._gauge("cache_hit_rate", "Cached / prompt tokens since start")
+        self.gen_throughput = self._gauge("gen_throughput", "Generated tokens/s, last interval")
+        self.prompt_tokens = self._counter("prompt_tokens", "Prompt tokens of finished requests")
+        self.generation_tokens = self._counter("generation_tokens", "Generated tokens")
+        self.cached_tokens = self._counter("cached_tokens", "Prompt tokens served from the cache")
+        self._requests = Counter(PREFIX + "num_requests", "Finished requests by finish reason",
+                                 ["model_name", "finish_reason"], registry=self.registry)
+        self._http = Counter(PREFIX + "http_requests", "HTTP requests by route and status",
+                             ["method", "route", "status"], registry=self.registry)
+        self.ttft = self._histogram("time_to_first_token_seconds", "Time to first token",
+                                    TTFT_BUCKETS)
+        self.itl = self._histogram("inter_token_latency_seconds", "Time per token after the first",
+                                   ITL_BUCKETS)
+        self.e2e = self._histogram("e2e_request_latency_seconds", "End-to-end latency", E2E_BUCKETS)
+        self._last_token_at: dict[str, tuple[ReqState, float]] = {}
+        # NOTE: plain totals alongside the counters: prometheus_client has no public getter
+        self.totals = {"generation": 0, "prompt": 0, "cached": 0}
+        self._tick = (time.monotonic(), 0, 0, 0)  # (time, generation, prompt, cached)
+
+    def _gauge(self, name: str, doc: str) -> Any:
+        gauge = Gauge(PREFIX + name, doc, ["model_name"], registry=self.registry)
+        return gauge.labels(self.model_name)
+
+    def _counter(self, name: str, doc: str) -> Any:
+        counter = Counter(PREFIX + name, doc, ["model_name"], registry=self.registry)
+        return counter.labels(self.model_name)
+
+    def _histogram(self, name: str, doc: str, buckets: tuple[float, ...]) -> Any:
+        hist = Histogram(PREFIX + name, doc, ["model_name"], buckets=buckets,
+                         registry=self.registry)
+        return hist.labels(self.model_name)
+
+    # ------------------------------------------------------------ per request
+
+    def observe_output(self, state: ReqState, before: int, now: float) -> None:
+        """The TokenizerManager's `on_output` hook. NOTE: it runs inside the manager's receive
+        loop, where an exception would fail every request, so it never raises."""
+        try:
+            self._observe(state, before, now)
+        except Exception:
+            logger.exception("metrics: observing an output failed")
+
+    def _observe(self, state: ReqState, before: int, now: float) -> None:
+        rid = state.rid
+        if rid.endswith(WARMUP_SUFFIX) or rid.startswith(HEALTH_RID_PREFIX):
+            return
+        new = state.completion_tokens - before
+        if new > 0:
+            self.generation_tokens.inc(new)
+            self.totals["generation"] += new
+            last = self._last_token_at.get(rid)
+            if before == 0 or last is None:
+                self.ttft.observe(now - state.created)
+            else:
+                gap = (now - last[1]) / new
+                for _ in range(new):
+                    self.itl.observe(gap)
+            self._last_token_at[rid] = (state, now)
+        if state.finished:
+            self._last_token_at.pop(rid, None)
+            self.prompt_tokens.inc(state.prompt_tokens)
+            self.cached_tokens.inc(state.cached_tokens)
+            self.totals["prompt"] += state.prompt_tokens
+            self.totals["cached"] += state.cached_tokens
+            end = state.finished_time if state.finished_time is not None else now
+            self.e2e.observe(end - state.created)
+            reason = (state.finish_reason or {}).get("type", "unknown")
+            self._requests.labels(self.model_name, str(reason)).inc()
+
+    def prune(self, live: dict[str, ReqState]) -> None:
+        """Forget requests that left the manager without finishing (aborted by their client)."""
+        if len(self._last_token_at) > len(live):
+            for rid in [r for r, (s, _) in self._last_token_at.items() if live.get(r) is not s]:
+                del self._last_token_at[rid]
+
+    def observe_http(self, method: str, route: str, status: int) -> None:
+        self._http.labels(method, route, str(status)).inc()
+
+    # ------------------------------------------------------------ gauges
+
+    def update_state(self, state: dict[str, Any]) -> None:
+        """Gauges from the scheduler's `get_state()` dict."""
+        self.running.set(state.get("running", 0))
+        self.queued.set(state.get("waiting", 0))
+        self.used_tokens.set(kv_used(state))
+        self.token_usage.set(kv_usage(state))
+        prompt = self.totals["prompt"]
+        self.cache_hit_rate.set(self.totals["cached"] / prompt if prompt else 0.0)
+
+    def tick(self) -> Interval:
+        """Close the current interval: sets gen_throughput and returns the interval's activity."""
+        now = time.monotonic()
+        gen, prompt, cached = (self.totals[k] for k in ("generation", "prompt", "cached"))
+        then, gen0, prompt0, cached0 = self._tick
+        self._tick = (now, gen, prompt, cached)
+        seconds = max(now - then, 1e-9)
+        throughput = (gen - gen0) / seconds
+        self.gen_throughput.set(throughput)
+        hit = (cached - cached0) / (prompt - prompt0) if prompt > prompt0 else 0.0
+        return Interval(seconds, gen - gen0, throughput, hit)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def kv_used(state: dict[str, Any]) -> int:
+    """KV slots held by requests or pinned: neither free nor evictable (SGLang's lesson: a pool
+    full of evictable cache is not "used")."""
+    total = int(state.get("kv_total", 0))
+    return total - int(state.get("kv_available", 0)) - int(state.get("kv_evictable", 0))
+
+
+def kv_usage(state: dict[str, Any]) -> float:
+    return kv_used(state) / max(int(state.get("kv_total", 0)), 1)

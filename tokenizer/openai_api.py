@@ -1,0 +1,246 @@
+"""OpenAI responses: completions and chat bodies, their stream chunks, logprobs and usage, built
+from the TokenizerManager's SGLang-shaped outputs (request validation: `openai_protocol.py`).
+
+The manager's streamed outputs carry cumulative `text` (and cumulative logprob lists); a renderer
+remembers, per choice index, how much it already sent and emits only the new part, so the joined
+deltas equal the non-streamed text. Choice `index` is prompt-major (`prompt * n + sample`), as the
+manager numbers fanned-out outputs. `finish_reason` is the manager's type: stop, length or abort.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from runtime.errors import InvalidRequest
+from tokenizer.openai_protocol import OpenAIPlan, translate
+
+if TYPE_CHECKING:
+    from tokenizer.manager import TokenizerManager
+
+LogprobEntry = list[Any]  # [logprob | None, token_id, text | None]
+
+
+def token_budget(tm: TokenizerManager) -> int:
+    """Prompt + output tokens one request may use: chat's default max_tokens fills it. NOTE:
+    never past the KV pool, or the scheduler would refuse the request outright."""
+    pool = tm.scheduler_info.get("max_total_tokens") or tm.context_length
+    return int(min(tm.context_length, pool))
+
+
+def chat_prompt_ids(tm: TokenizerManager, messages: list[dict[str, Any]],
+                    template_kwargs: dict[str, Any]) -> list[int]:
+    """The chat template's prompt, tokenized without adding special tokens (it has them)."""
+    try:
+        text = tm.apply_chat_template(messages, **template_kwargs)
+    except Exception as exc:  # NOTE: client-controlled input rendered by a Jinja template
+        raise InvalidRequest(f"the chat template cannot render these messages: {exc}",
+                             param="messages") from None
+    return list(tm.tokenizer.encode(text, add_special_tokens=False))
+
+
+def models_list(model_name: str, created: int, context_length: int | None) -> dict[str, Any]:
+    """/v1/models: the one served model."""
+    card = {"id": model_name, "object": "model", "created": created, "owned_by": "radixserve",
+            "root": model_name, "max_model_len": context_length}
+    return {"object": "list", "data": [card]}
+
+
+def finish_reason(meta: dict[str, Any]) -> str | None:
+    reason = meta.get("finish_reason")
+    return None if reason is None else str(reason.get("type"))
+
+
+def usage(metas: list[dict[str, Any]], n: int) -> dict[str, Any]:
+    """Prompt and cached tokens count once per prompt (the first of its n samples)."""
+    firsts = metas[::n]
+    prompt = sum(m["prompt_tokens"] for m in firsts)
+    completion = sum(m["completion_tokens"] for m in metas)
+    cached = sum(m["cached_tokens"] for m in firsts)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion, "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def completion_logprobs(entries: list[LogprobEntry], tops: list[Any] | None,
+                        offset: int) -> dict[str, Any]:
+    """The legacy completions logprobs object; `text_offset` counts from `offset`."""
+    tokens = [e[2] or "" for e in entries]
+    offsets = []
+    for token in tokens:
+        offsets.append(offset)
+        offset += len(token)
+    top = None
+    if tops is not None:
+        top = [None if pos is None else {t[2] or "": t[0] for t in pos} for pos in tops]
+    return {"tokens": tokens, "token_logprobs": [e[0] for e in entries], "top_logprobs": top,
+            "text_offset": offsets}
+
+
+def chat_logprobs(entries: list[LogprobEntry], tops: list[Any] | None) -> dict[str, Any]:
+    """Chat's `{"content": [{token, logprob, bytes, top_logprobs}]}`."""
+    content = []
+    for k, entry in enumerate(entries):
+        item = _chat_token(entry)
+        pos = tops[k] if tops is not None and k < len(tops) else None
+        item["top_logprobs"] = [_chat_token(t) for t in pos or []]
+        content.append(item)
+    return {"content": content}
+
+
+def _chat_token(entry: LogprobEntry) -> dict[str, Any]:
+    text = entry[2] or ""
+    return {"token": text, "logprob": entry[0], "bytes": list(text.encode("utf-8"))}
+
+
+class _Renderer:
+    """What completions and chat share: headers, per-index progress, usage."""
+
+    object_name = ""
+    chunk_object = ""
+
+    def __init__(self, plan: OpenAIPlan) -> None:
+        self.plan = plan
+        self.stream = plan.stream
+        self._metas: dict[int, dict[str, Any]] = {}
+        self._sent_text: dict[int, int] = {}
+        self._sent_logprobs: dict[int, int] = {}
+
+    def translate(self, exc: InvalidRequest) -> InvalidRequest:
+        return translate(exc, self.plan.kind)
+
+    def header(self, obj: str) -> dict[str, Any]:
+        return {"id": self.plan.id, "object": obj, "created": self.plan.created,
+                "model": self.plan.model}
+
+    def final(self, result: Any) -> dict[str, Any]:
+        outs = result if isinstance(result, list) else [result]
+        choices = [self.choice(i, out) for i, out in enumerate(outs)]
+        metas = [out["meta_info"] for out in outs]
+        return {**self.header(self.object_name), "choices": choices,
+                "usage": usage(metas, self.plan.n)}
+
+    def choice(self, i: int, out: dict[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def start(self) -> list[Any]:
+        return []
+
+    def chunks(self, out: dict[str, Any]) -> list[Any]:
+        """The chunk for one cumulative output: only what is new since the last one."""
+        i, meta = out.get("index", 0), out["meta_info"]
+        first = i not in self._sent_text
+        self._metas[i] = meta
+        delta = out["text"][self._sent_text.get(i, 0):]
+        self._sent_text[i] = len(out["text"])
+        entries, tops = self._new_logprobs(i, meta, first)
+        reason = finish_reason(meta)
+        if not delta and not entries and reason is None and not (first and self._echo(i)):
+            return []
+        choice = self.delta_choice(i, delta, first, entries, tops)
+        choice["finish_reason"] = reason
+        return [{**self.header(self.chunk_object), "choices": [choice]}]
+
+    def delta_choice(self, i: int, delta: str, first: bool, entries: list[LogprobEntry],
+                     tops: list[Any] | None) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _echo(self, i: int) -> str:
+        return ""
+
+    def _new_logprobs(self, i: int, meta: dict[str, Any],
+                      first: bool) -> tuple[list[LogprobEntry], list[Any] | None]:
+        if not self.plan.logprobs:
+            return [], None
+        start = self._sent_logprobs.get(i, 0)
+        entries = meta.get("output_token_logprobs") or []
+        tops = meta.get("output_top_logprobs")
+        self._sent_logprobs[i] = len(entries)
+        return entries[start:], None if tops is None else tops[start:]
+
+    def end(self) -> list[Any]:
+        if not self.plan.include_usage:
+            return []
+        metas = [self._metas[i] for i in sorted(self._metas)]
+        return [{**self.header(self.chunk_object), "choices": [],
+                 "usage": usage(metas, self.plan.n)}]
+
+
+class CompletionRenderer(_Renderer):
+    """/v1/completions: `text_completion` objects (and chunks of the same object type)."""
+
+    object_name = chunk_object = "text_completion"
+
+    def __init__(self, plan: OpenAIPlan) -> None:
+        super().__init__(plan)
+        self._text_offset: dict[int, int] = {}
+
+    def _echo(self, i: int) -> str:
+        texts = self.plan.echo_texts
+        return texts[i // self.plan.n] if texts else ""
+
+    def choice(self, i: int, out: dict[str, Any]) -> dict[str, Any]:
+        meta = out["meta_info"]
+        echo = self._echo(i)
+        logprobs = None
+        if self.plan.logprobs:
+            entries, tops = self._all_logprobs(meta, bool(echo))
+            logprobs = completion_logprobs(entries, tops, 0)
+        return {"index": i, "text": echo + out["text"], "logprobs": logprobs,
+                "finish_reason": finish_reason(meta),
+                "matched_stop": (meta.get("finish_reason") or {}).get("matched")}
+
+    @staticmethod
+    def _all_logprobs(meta: dict[str, Any], echo: bool) -> tuple[list[Any], list[Any] | None]:
+        entries = list(meta.get("output_token_logprobs") or [])
+        tops = meta.get("output_top_logprobs")
+        if echo:
+            entries = list(meta.get("input_token_logprobs") or []) + entries
+            if tops is not None:
+                tops = list(meta.get("input_top_logprobs") or []) + list(tops)
+        return entries, tops
+
+    def delta_choice(self, i: int, delta: str, first: bool, entries: list[LogprobEntry],
+                     tops: list[Any] | None) -> dict[str, Any]:
+        echo = self._echo(i) if first else ""
+        logprobs = None
+        if self.plan.logprobs:
+            offset = self._text_offset.get(i, 0)  # as in `choice`: the tokens' joined length
+            logprobs = completion_logprobs(entries, tops, offset)
+            self._text_offset[i] = offset + sum(len(t) for t in logprobs["tokens"])
+        return {"index": i, "text": echo + delta, "logprobs": logprobs}
+
+    def _new_logprobs(self, i: int, meta: dict[str, Any],
+                      first: bool) -> tuple[list[LogprobEntry], list[Any] | None]:
+        entries, tops = super()._new_logprobs(i, meta, first)
+        if first and self.plan.logprobs and self._echo(i):
+            entries = list(meta.get("input_token_logprobs") or []) + entries
+            if tops is not None:
+                tops = list(meta.get("input_top_logprobs") or []) + tops
+        return entries, tops
+
+
+class ChatRenderer(_Renderer):
+    """/v1/chat/completions: `chat.completion` objects and `chat.completion.chunk` deltas."""
+
+    object_name, chunk_object = "chat.completion", "chat.completion.chunk"
+
+    def choice(self, i: int, out: dict[str, Any]) -> dict[str, Any]:
+        meta = out["meta_info"]
+        logprobs = None
+        if self.plan.logprobs:
+            logprobs = chat_logprobs(meta.get("output_token_logprobs") or [],
+                                     meta.get("output_top_logprobs"))
+        return {"index": i, "message": {"role": "assistant", "content": out["text"]},
+                "logprobs": logprobs, "finish_reason": finish_reason(meta),
+                "matched_stop": (meta.get("finish_reason") or {}).get("matched")}
+
+    def start(self) -> list[Any]:
+        """The first chunk of every choice carries the role (OpenAI's order)."""
+        role = {"role": "assistant", "content": ""}
+        return [{**self.header(self.chunk_object),
+                 "choices": [{"index": i, "delta": role, "logprobs": None, "finish_reason": None}]}
+                for i in range(self.plan.num_choices)]
+
+    def delta_choice(self, i: int, delta: str, first: bool, entries: list[LogprobEntry],
+                     tops: list[Any] | None) -> dict[str, Any]:
+        logprobs = chat_logprobs(entries, tops) if self.plan.logprobs else None
+        return {"index": i, "delta": {"content": delta} if delta else {}, "logprobs": logprobs}

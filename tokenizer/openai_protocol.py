@@ -1,0 +1,295 @@
+"""OpenAI request validation: a /v1/completions or /v1/chat/completions body becomes a
+TokenizerManager body (SGLang's /generate shape) plus what the response needs (`OpenAIPlan`).
+
+Structure and OpenAI-only fields are checked here; sampling values go into `sampling_params`
+and are checked by `SamplingParams` inside `TokenizerManager.generate`, whose errors are renamed
+back to the OpenAI names by `translate`. Choices where OpenAI or SGLang leave room:
+  - Unknown fields are rejected with a 400 naming them (as OpenAI does), except a few harmless
+    OpenAI fields that are accepted and ignored (`IGNORED`).
+  - Grammar constraints (`regex`, `json_schema`, `ebnf`, `response_format` json modes) and
+    `tools` are refused with a 400 until constrained decoding exists: never silently ignored.
+  - Chat `max_tokens` defaults to the rest of the context (OpenAI, vLLM); completions to 16.
+  - A chat prompt is the chat template's text tokenized without adding special tokens (the
+    template already has them), sent as `input_ids`.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from dataclasses import dataclass
+from collections.abc import Callable
+from typing import Any
+
+from runtime.errors import InvalidRequest
+from tokenizer.native_api import not_supported_yet
+
+SAMPLING_FIELDS = {  # OpenAI / SGLang-extra name -> SamplingParams name
+    "temperature": "temperature", "top_p": "top_p", "n": "n", "stop": "stop", "seed": "seed",
+    "frequency_penalty": "frequency_penalty", "presence_penalty": "presence_penalty",
+    "logit_bias": "logit_bias", "top_k": "top_k", "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty", "min_tokens": "min_new_tokens",
+    "ignore_eos": "ignore_eos", "stop_token_ids": "stop_token_ids",
+    "skip_special_tokens": "skip_special_tokens", "no_stop_trim": "no_stop_trim",
+    "spaces_between_special_tokens": "spaces_between_special_tokens",
+}
+GRAMMAR_FIELDS = ("regex", "json_schema", "ebnf")
+IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls"}
+COMMON = {"model", "max_tokens", "stream", "stream_options", "logprobs", "rid",
+          *SAMPLING_FIELDS, *GRAMMAR_FIELDS, *IGNORED}
+COMPLETION_FIELDS = COMMON | {"prompt", "echo", "suffix", "best_of"}
+CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "top_logprobs", "response_format",
+                        "tools", "tool_choice", "chat_template_kwargs"}
+ROLES = {"system", "developer", "user", "assistant", "tool"}
+COMPLETION_DEFAULT_MAX_TOKENS = 16
+
+
+@dataclass(slots=True)
+class OpenAIPlan:
+    """A validated OpenAI request: the manager body and the response's parameters."""
+
+    kind: str  # "completion" | "chat"
+    body: dict[str, Any]
+    id: str
+    created: int
+    model: str
+    n: int
+    num_prompts: int
+    stream: bool
+    include_usage: bool
+    logprobs: bool
+    echo_texts: list[str] | None = None  # completions with echo: each prompt's text
+
+    @property
+    def num_choices(self) -> int:
+        return self.n * self.num_prompts
+
+
+def translate(exc: InvalidRequest, kind: str) -> InvalidRequest:
+    """The manager's field names in an error, renamed to the OpenAI request's."""
+    names = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens",
+             "top_logprobs_num": "top_logprobs" if kind == "chat" else "logprobs",
+             "text": "prompt" if kind == "completion" else "messages",
+             "input_ids": "prompt" if kind == "completion" else "messages",
+             "sampling_seed": "seed"}
+    pattern = re.compile(r"\b(" + "|".join(names) + r")\b")
+    message = pattern.sub(lambda m: names[m.group(1)], exc.message)
+    return InvalidRequest(message, param=names.get(exc.param or "", exc.param))
+
+
+# ---------------------------------------------------------------- field helpers
+
+
+def _typed(req: dict[str, Any], name: str, ok: Callable[[Any], bool], what: str) -> Any:
+    value = req.get(name)
+    if value is not None and not ok(value):
+        raise InvalidRequest(f"{name} must be {what}, got {type(value).__name__}", param=name)
+    return value
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _check_object(req: Any, allowed: set[str]) -> dict[str, Any]:
+    if not isinstance(req, dict):
+        raise InvalidRequest("the request body must be a JSON object")
+    unknown = sorted(k for k in req if k not in allowed)
+    if unknown:
+        raise InvalidRequest(f"Unrecognized request argument(s): {', '.join(unknown)}",
+                             param=unknown[0])
+    for name in GRAMMAR_FIELDS:
+        if req.get(name) is not None:
+            raise not_supported_yet(name)
+    _typed(req, "model", lambda x: isinstance(x, str), "a string")
+    return req
+
+
+def _sampling(req: dict[str, Any], max_tokens: Any) -> dict[str, Any]:
+    params = {SAMPLING_FIELDS[k]: v for k, v in req.items()
+              if k in SAMPLING_FIELDS and v is not None}
+    params["max_new_tokens"] = max_tokens
+    return params
+
+
+def _stream_options(req: dict[str, Any]) -> tuple[bool, bool]:
+    """(stream, include_usage)."""
+    stream = bool(_typed(req, "stream", lambda x: isinstance(x, bool), "a boolean"))
+    options = _typed(req, "stream_options", lambda x: isinstance(x, dict), "an object")
+    if options is None:
+        return stream, False
+    if not stream:
+        raise InvalidRequest("stream_options is only allowed when stream is true",
+                             param="stream_options")
+    unknown = sorted(k for k in options if k != "include_usage")
+    if unknown:
+        raise InvalidRequest(f"unknown stream_options field {unknown[0]!r}", param="stream_options")
+    usage = options.get("include_usage", False)
+    if not isinstance(usage, bool):
+        raise InvalidRequest("stream_options.include_usage must be a boolean",
+                             param="stream_options.include_usage")
+    return stream, usage
+
+
+def _top_k(req: dict[str, Any], name: str, cap: int) -> int | None:
+    value = _typed(req, name, _is_int, "an integer")
+    if value is not None and not 0 <= value <= cap:
+        raise InvalidRequest(f"{name} must be in [0, {cap}], got {value}", param=name)
+    return value
+
+
+def _plan(kind: str, req: dict[str, Any], model: str, **fields: Any) -> OpenAIPlan:
+    rid = _typed(req, "rid", lambda x: isinstance(x, str) and x != "", "a non-empty string")
+    rid = rid or uuid.uuid4().hex
+    fields["body"]["rid"] = rid
+    n = req.get("n") if _is_int(req.get("n")) else 1
+    prefix = "cmpl-" if kind == "completion" else "chatcmpl-"
+    return OpenAIPlan(kind=kind, id=prefix + rid, created=int(time.time()), model=model, n=n,
+                      **fields)
+
+
+# ---------------------------------------------------------------- completions
+
+
+def plan_completion(req: Any, model: str, max_top_logprobs: int,
+                    decode: Callable[[list[int]], str]) -> OpenAIPlan:
+    """/v1/completions -> manager body. `decode` turns id prompts into text for `echo`."""
+    req = _check_object(req, COMPLETION_FIELDS)
+    prompts, field, is_batch = _prompts(req.get("prompt"))
+    if req.get("suffix") is not None:
+        raise InvalidRequest("suffix is not supported", param="suffix")
+    if req.get("best_of") not in (None, 1):
+        raise InvalidRequest("best_of is not supported (only 1)", param="best_of")
+    echo = bool(_typed(req, "echo", lambda x: isinstance(x, bool), "a boolean"))
+    logprobs = _top_k(req, "logprobs", max_top_logprobs)
+    stream, include_usage = _stream_options(req)
+    max_tokens = req.get("max_tokens")
+    body: dict[str, Any] = {
+        field: prompts if is_batch else prompts[0],
+        "sampling_params": _sampling(req, COMPLETION_DEFAULT_MAX_TOKENS if max_tokens is None
+                                     else max_tokens),
+        "stream": stream,
+    }
+    if logprobs is not None:
+        body.update(return_logprob=True, top_logprobs_num=logprobs, return_text_in_logprobs=True,
+                    logprob_start_len=0 if echo else -1)
+    echo_texts = [p if isinstance(p, str) else decode(p) for p in prompts] if echo else None
+    return _plan("completion", req, model, body=body, num_prompts=len(prompts), stream=stream,
+                 include_usage=include_usage, logprobs=logprobs is not None,
+                 echo_texts=echo_texts)
+
+
+def _prompts(prompt: Any) -> tuple[list[Any], str, bool]:
+    """(the prompts of a completions request, the manager field they go to, is_batch)."""
+    if isinstance(prompt, str):
+        if not prompt:
+            raise InvalidRequest("prompt must not be empty", param="prompt")
+        return [prompt], "text", False
+    if not isinstance(prompt, list) or not prompt:
+        raise InvalidRequest("prompt must be a non-empty string, list of strings, list of token "
+                             "ids or list of token id lists", param="prompt")
+    if all(isinstance(p, str) for p in prompt):
+        if not all(prompt):
+            raise InvalidRequest("prompt strings must not be empty", param="prompt")
+        return prompt, "text", True
+    if all(_is_int(t) for t in prompt):
+        return [prompt], "input_ids", False
+    if all(isinstance(p, list) and p and all(_is_int(t) for t in p) for p in prompt):
+        return prompt, "input_ids", True
+    raise InvalidRequest("prompt must be a string, a list of strings, a list of token ids or a "
+                         "list of non-empty token id lists (not a mix)", param="prompt")
+
+
+# ---------------------------------------------------------------- chat
+
+
+def plan_chat(req: Any, model: str, max_top_logprobs: int, context_length: int,
+              render: Callable[[list[dict[str, Any]], dict[str, Any]], list[int]]) -> OpenAIPlan:
+    """/v1/chat/completions -> manager body. `render(messages, template_kwargs)` applies the
+    chat template and tokenizes (raising InvalidRequest when the template refuses)."""
+    req = _check_object(req, CHAT_FIELDS)
+    messages = _messages(req.get("messages"))
+    _check_response_format(req.get("response_format"))
+    _check_tools(req.get("tools"), req.get("tool_choice"))
+    logprobs = bool(_typed(req, "logprobs", lambda x: isinstance(x, bool), "a boolean"))
+    top = _top_k(req, "top_logprobs", max_top_logprobs)
+    if top and not logprobs:
+        raise InvalidRequest("top_logprobs requires logprobs to be true", param="top_logprobs")
+    stream, include_usage = _stream_options(req)
+    kwargs = _typed(req, "chat_template_kwargs", lambda x: isinstance(x, dict), "an object")
+    ids = render(messages, kwargs or {})
+    max_tokens = req.get("max_completion_tokens")
+    if max_tokens is None:
+        max_tokens = req.get("max_tokens")
+    if max_tokens is None:
+        max_tokens = max(context_length - len(ids), 0)
+    body: dict[str, Any] = {"input_ids": ids, "sampling_params": _sampling(req, max_tokens),
+                            "stream": stream}
+    if logprobs:
+        body.update(return_logprob=True, top_logprobs_num=top or 0, return_text_in_logprobs=True)
+    return _plan("chat", req, model, body=body, num_prompts=1, stream=stream,
+                 include_usage=include_usage, logprobs=logprobs)
+
+
+def _messages(messages: Any) -> list[dict[str, Any]]:
+    """Validated messages with text content (content parts joined); developer -> system."""
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest("messages must be a non-empty list of message objects",
+                             param="messages")
+    out = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise InvalidRequest(f"{where} must be an object", param=where)
+        role = m.get("role")
+        if role not in ROLES:
+            raise InvalidRequest(f"{where}.role must be one of {sorted(ROLES)}, got {role!r}",
+                                 param=f"{where}.role")
+        content = _content(m.get("content"), role, where)
+        out.append({"role": "system" if role == "developer" else role, "content": content})
+    return out
+
+
+def _content(content: Any, role: str, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if content is None and role == "assistant":
+        return ""
+    if not isinstance(content, list):
+        raise InvalidRequest(f"{where}.content must be a string or a list of content parts",
+                             param=f"{where}.content")
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind != "text" or not isinstance(part.get("text"), str):
+            raise InvalidRequest(
+                f"{where}.content[{j}] must be a text part ({{'type': 'text', 'text': str}}); "
+                f"got type {kind!r} (only text is supported)", param=f"{where}.content")
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+def _check_response_format(fmt: Any) -> None:
+    if fmt is None:
+        return
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind in ("json_object", "json_schema", "structural_tag"):
+        raise not_supported_yet("response_format", f"response_format {kind}")
+    if kind != "text":
+        raise InvalidRequest("response_format must be an object whose type is one of text, "
+                             "json_object, json_schema, structural_tag", param="response_format")
+
+
+def _check_tools(tools: Any, choice: Any) -> None:
+    if tools is not None:
+        if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+            raise InvalidRequest("tools must be a list of tool objects", param="tools")
+        if tools:
+            raise not_supported_yet("tools")
+    if choice is None or choice in ("none", "auto"):
+        return
+    if choice == "required" or isinstance(choice, dict):
+        raise not_supported_yet("tool_choice")
+    raise InvalidRequest(f"tool_choice must be none, auto, required or a function object, got "
+                         f"{choice!r}", param="tool_choice")
