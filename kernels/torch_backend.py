@@ -77,10 +77,15 @@ class TorchAttentionBackend(AttentionBackend):
             prefix_len = seq_len - ext_len
             req_slots = slots[kv_start : kv_start + seq_len]
             q_pos = torch.arange(prefix_len, seq_len, device=device)
-            mask = torch.arange(seq_len, device=device)[None, :] <= q_pos[:, None]  # [ext, seq]
+            allowed = torch.arange(seq_len, device=device)[None, :] <= q_pos[:, None]  # [ext, seq]
             # Folding repeats each query row once per head in the group: same mask per repeat.
-            folded_mask = mask.repeat(self.group, 1) if ext_len > 1 else None
-            self.extend_plan.append((q_start, ext_len, req_slots, folded_mask))
+            # NOTE: an additive float mask keeps SDPA on its flash kernel (a bool mask is slower).
+            mask = None
+            if ext_len > 1:
+                mask = torch.zeros(allowed.shape, dtype=self.pool.dtype, device=device)
+                mask.masked_fill_(~allowed, float("-inf"))
+                mask = mask.repeat(self.group, 1)
+            self.extend_plan.append((q_start, ext_len, req_slots, mask))
             q_start += ext_len
             kv_start += seq_len
 
@@ -110,10 +115,13 @@ class TorchAttentionBackend(AttentionBackend):
         k_pool, v_pool = self.pool.k[layer_id], self.pool.v[layer_id]
         for q_start, ext_len, req_slots, mask in self.extend_plan:
             q_req = q[q_start : q_start + ext_len].view(ext_len, kvh, group, d)
-            # [ext, kvh, group, d] -> [kvh, group * ext, d]: query rows grouped per KV head.
-            q_req = q_req.permute(1, 2, 0, 3).reshape(kvh, group * ext_len, d)
-            k_req = k_pool.index_select(0, req_slots).transpose(0, 1).to(q.dtype)  # [kvh, seq, d]
-            v_req = v_pool.index_select(0, req_slots).transpose(0, 1).to(q.dtype)
+            # [ext, kvh, group, d] -> [1, kvh, group * ext, d]: query rows grouped per KV head.
+            # NOTE: 4-D inputs: SDPA takes its (much slower) math path for 3-D ones on CPU.
+            q_req = q_req.permute(1, 2, 0, 3).reshape(1, kvh, group * ext_len, d)
+            k_req = k_pool.index_select(0, req_slots).transpose(0, 1).unsqueeze(0).to(q.dtype)
+            v_req = v_pool.index_select(0, req_slots).transpose(0, 1).unsqueeze(0).to(q.dtype)
+            if mask is not None and mask.dtype != q.dtype:
+                mask = mask.to(q.dtype)
             o = F.scaled_dot_product_attention(q_req, k_req, v_req, attn_mask=mask, scale=self.scale)
             o = o.view(kvh, group, ext_len, d).permute(2, 0, 1, 3).reshape(ext_len, -1)
             out[q_start : q_start + ext_len] = o
