@@ -46,6 +46,9 @@ class TorchAttentionBackend(AttentionBackend):
         self.head_dim = head_dim
         self.scale = head_dim**-0.5
         self.meta: ForwardMetadata | None = None
+        # Gathered K/V land in buffers reused by every layer and batch: fresh multi-MB tensors
+        # per layer cost a page fault per 4 KiB on CPU, which dominated long-context decode.
+        self._gather_bufs: list[torch.Tensor] = []
 
     def plan(self, meta: ForwardMetadata) -> None:
         self.meta = meta
@@ -97,10 +100,20 @@ class TorchAttentionBackend(AttentionBackend):
             return self._decode(layer_id, q)
         return self._extend(layer_id, q)
 
+    def _gather(self, layer_id: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of `slots` ([n, kv_heads, head_dim] each), in the reusable buffers."""
+        n, pool = len(slots), self.pool
+        if not self._gather_bufs or self._gather_bufs[0].shape[0] < n:
+            shape = (max(n, 2 * self._gather_bufs[0].shape[0] if self._gather_bufs else n), *pool.k[0].shape[1:])
+            self._gather_bufs = [torch.empty(shape, dtype=pool.dtype, device=pool.device) for _ in range(2)]
+        k_buf, v_buf = (b[:n] for b in self._gather_bufs)
+        torch.index_select(pool.k[layer_id], 0, slots, out=k_buf)
+        torch.index_select(pool.v[layer_id], 0, slots, out=v_buf)
+        return k_buf, v_buf
+
     def _decode(self, layer_id: int, q: torch.Tensor) -> torch.Tensor:
         batch, kvh, d = q.shape[0], self.num_kv_heads, self.head_dim
-        k_all = self.pool.k[layer_id].index_select(0, self.decode_index)
-        v_all = self.pool.v[layer_id].index_select(0, self.decode_index)
+        k_all, v_all = self._gather(layer_id, self.decode_index)
         k_all = k_all.view(batch, self.decode_len, kvh, d).transpose(1, 2).to(q.dtype)
         v_all = v_all.view(batch, self.decode_len, kvh, d).transpose(1, 2).to(q.dtype)
         q_folded = q.view(batch, kvh, self.group, d)
@@ -112,14 +125,14 @@ class TorchAttentionBackend(AttentionBackend):
     def _extend(self, layer_id: int, q: torch.Tensor) -> torch.Tensor:
         kvh, group, d = self.num_kv_heads, self.group, self.head_dim
         out = torch.empty((q.shape[0], self.num_heads * d), dtype=q.dtype, device=q.device)
-        k_pool, v_pool = self.pool.k[layer_id], self.pool.v[layer_id]
         for q_start, ext_len, req_slots, mask in self.extend_plan:
             q_req = q[q_start : q_start + ext_len].view(ext_len, kvh, group, d)
             # [ext, kvh, group, d] -> [1, kvh, group * ext, d]: query rows grouped per KV head.
             # NOTE: 4-D inputs: SDPA takes its (much slower) math path for 3-D ones on CPU.
             q_req = q_req.permute(1, 2, 0, 3).reshape(1, kvh, group * ext_len, d)
-            k_req = k_pool.index_select(0, req_slots).transpose(0, 1).unsqueeze(0).to(q.dtype)
-            v_req = v_pool.index_select(0, req_slots).transpose(0, 1).unsqueeze(0).to(q.dtype)
+            k_req, v_req = self._gather(layer_id, req_slots)
+            k_req = k_req.transpose(0, 1).unsqueeze(0).to(q.dtype)
+            v_req = v_req.transpose(0, 1).unsqueeze(0).to(q.dtype)
             if mask is not None and mask.dtype != q.dtype:
                 mask = mask.to(q.dtype)
             o = F.scaled_dot_product_attention(q_req, k_req, v_req, attn_mask=mask, scale=self.scale)
