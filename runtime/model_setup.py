@@ -63,6 +63,9 @@ def resolve_config(config: ServerConfig) -> ServerConfig:
         context_length=context,
         max_total_tokens=max_total,
         max_running_requests=max_running,
+        disable_overlap_schedule=(
+            device.type != "cuda" if config.disable_overlap_schedule is None else config.disable_overlap_schedule
+        ),
     )
 
 
