@@ -77,8 +77,10 @@ def build_scheduler(config: ServerConfig, io: Any) -> Any:
     def decode(ids: list[int], skip_special_tokens: bool) -> str:
         return tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
+    runner = ModelRunner(loaded)
+    runner.warmup()
     cls = Scheduler if config.disable_overlap_schedule else OverlapScheduler
-    return cls(loaded.config, ModelRunner(loaded), decode, eos, io)
+    return cls(loaded.config, runner, decode, eos, io)
 
 
 def run_scheduler_process(config: ServerConfig, ipc_path: str, ready_conn: Connection) -> None:
