@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kernels.base import ForwardMetadata
+from kernels.grammar_mask import apply_token_bitmask
 from kernels.sampling import SamplingBatch, apply_penalties_and_bias, sample
 from runtime.kv_pool import KVPool, ReqToTokenPool
 from runtime.model_setup import LoadedModel
@@ -46,6 +47,9 @@ class ForwardEntry:
     # Overlap: the one input token is the one the previous forward sampled for this row, read
     # from the future map on the device (the scheduler has not seen it yet).
     input_from_future: bool = False
+    # Constrained decoding: the int32 token bitmask row ([ceil(vocab/32)], xgrammar's layout)
+    # that the token sampled for this entry must satisfy; None when unconstrained.
+    token_bitmask: torch.Tensor | None = None
 
     @property
     def seq_len(self) -> int:
@@ -115,6 +119,7 @@ class ModelRunner:
         )
         if sampling.needs_logit_processing:
             apply_penalties_and_bias(logits, sampling)
+        self._apply_grammar(entries, logits)
         top_nums = [e.top_logprobs_num for e in entries]
         out = sample(
             logits, sampling, top_logprobs_num=top_nums, return_logprob=any(e.return_logprob for e in entries)
@@ -130,6 +135,16 @@ class ModelRunner:
             input_top_logprobs=input_tops,
             last_logits=logits if keep_logits else None,
         )
+
+    def _apply_grammar(self, entries: list[ForwardEntry], logits: torch.Tensor) -> None:
+        rows = [i for i, e in enumerate(entries) if e.token_bitmask is not None]
+        if not rows:
+            return
+        words = entries[rows[0]].token_bitmask.shape[0]  # type: ignore[union-attr]
+        bitmask = torch.full((len(entries), words), -1, dtype=torch.int32)
+        for i in rows:
+            bitmask[i] = entries[i].token_bitmask  # type: ignore[assignment]
+        apply_token_bitmask(logits, bitmask.to(logits.device), rows)
 
     def _input_ids(self, entries: list[ForwardEntry], meta: ForwardMetadata) -> torch.Tensor:
         ids = torch.tensor([t for e in entries for t in e.input_ids], dtype=torch.int64, device=self.device)

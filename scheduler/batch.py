@@ -43,6 +43,8 @@ def prefill_entry(req: Req, extend: int) -> ForwardEntry:
     start = req.computed - extend
     entry = _entry(req, start, extend)
     _plan_input_logprobs(req, entry, start, start + extend)
+    if req.computed == len(req.fill_ids):  # the last chunk: its sampled token is the next one
+        _constrain(req, entry)
     return entry
 
 
@@ -54,11 +56,25 @@ def decode_entry(req: Req) -> ForwardEntry:
     """
     pos = req.computed - 1
     if pos < len(req.fill_ids):
-        return _entry(req, pos, 1)
-    assert pos == len(req.fill_ids), f"{req.rid}: two tokens in flight"
-    entry = _entry(req, pos, 1, input_ids=[0])
-    entry.input_from_future = True
+        entry = _entry(req, pos, 1)
+    else:
+        assert pos == len(req.fill_ids), f"{req.rid}: two tokens in flight"
+        assert req.grammar is None, "a constrained request's mask needs its previous token"
+        entry = _entry(req, pos, 1, input_ids=[0])
+        entry.input_from_future = True
+    _constrain(req, entry)
     return entry
+
+
+def _constrain(req: Req, entry: ForwardEntry) -> None:
+    """Give a constrained request's entry the token bitmask of its grammar's current state."""
+    if req.grammar is None:
+        return
+    from scheduler.grammar import allocate_bitmask
+
+    mask = allocate_bitmask(1, req.grammar.vocab_size)
+    if req.grammar.fill_mask(mask, 0):
+        entry.token_bitmask = mask[0]
 
 
 def _plan_input_logprobs(req: Req, entry: ForwardEntry, a: int, b: int) -> None:

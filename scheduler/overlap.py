@@ -12,8 +12,9 @@ What overlap implies, and how it is handled:
 - Nothing the running forward reads is mutated: entries carry copies of the ids and slots they
   need, KV slots freed between steps are only reused by a later forward (the worker runs
   forwards one at a time, in order), and request rows are written by the worker itself.
-- Steps that need a request's exact output history (penalties, min_new_tokens, a sampling seed)
-  and the step after a prefill are not overlapped: the pending result is processed first, so outputs are
+- Steps that need a request's exact output history (penalties, min_new_tokens, a sampling seed,
+  a grammar whose next mask depends on the token being sampled now) and the step after a
+  prefill are not overlapped: the pending result is processed first, so outputs are
   identical with overlap on and off.
 """
 
@@ -58,6 +59,7 @@ class OverlapScheduler(Scheduler):
         for msg in self.io.recv(block=self.is_idle and pending is None):
             self.dispatch(msg)
         start = time.perf_counter()
+        self.admit_compiled_grammars()
         if pending is not None and not self.can_overlap(pending[0]):
             self.finish(pending)
             pending = None
@@ -82,7 +84,7 @@ class OverlapScheduler(Scheduler):
         next sampling needs the exact output `last` will produce."""
         if last.is_prefill or not self.decode_fits():  # retraction must see settled requests
             return False
-        return not any(needs_history(r) for r in self.running)
+        return not any(needs_history(r) or r.grammar is not None for r in self.running)
 
     def finish(self, pending: Pending) -> None:
         batch, future = pending

@@ -67,6 +67,8 @@ def build_scheduler(config: ServerConfig, io: Any) -> Any:
 
     from runtime.model_runner import ModelRunner
     from runtime.model_setup import load_model_for_serving
+    from scheduler.grammar import GrammarBackend
+    from scheduler.grammar_queue import GrammarQueue
     from scheduler.overlap import OverlapScheduler
     from scheduler.scheduler import Scheduler
 
@@ -79,8 +81,12 @@ def build_scheduler(config: ServerConfig, io: Any) -> Any:
 
     runner = ModelRunner(loaded)
     runner.warmup()
+
+    def make_grammar_backend() -> GrammarBackend:
+        return GrammarBackend(tokenizer, loaded.model_config.vocab_size, sorted(eos))
+
     cls = Scheduler if config.disable_overlap_schedule else OverlapScheduler
-    return cls(loaded.config, runner, decode, eos, io)
+    return cls(loaded.config, runner, decode, eos, io, GrammarQueue(make_grammar_backend))
 
 
 def run_scheduler_process(config: ServerConfig, ipc_path: str, ready_conn: Connection) -> None:

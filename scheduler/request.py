@@ -50,6 +50,9 @@ class Req:
     finish_reason: dict[str, Any] | None = None
     matched_stop_token: bool = False
     arrival: float = field(default_factory=time.monotonic)
+    # Constrained decoding: the compile in flight (while in the grammar queue), then the matcher.
+    grammar_future: Any = None
+    grammar: Any = None
 
     # Output bookkeeping: what has been sent to the detokenizer.
     sent_ids: int = 0

@@ -28,6 +28,7 @@ from runtime.messages import (
 from runtime.model_runner import ForwardResult, ModelRunner
 from scheduler.batch import ScheduledBatch, decode_entry, prefill_entry, record_input_logprobs
 from scheduler.finish import check_finished
+from scheduler.grammar_queue import GrammarQueue
 from scheduler.output import build_batch_out, has_news
 from scheduler.policy import PrefillAdder, order_waiting
 from scheduler.request import Req, ReqState
@@ -52,6 +53,7 @@ class Scheduler:
         decode: Callable[[list[int], bool], str],
         eos_ids: frozenset[int],
         io: SchedulerIO,
+        grammars: GrammarQueue | None = None,
     ) -> None:
         self.config = config
         self.runner = runner
@@ -71,6 +73,7 @@ class Scheduler:
         self.running: list[Req] = []
         self.chunked: Req | None = None  # the one request whose prompt is mid-way through chunks
         self.finished_out: list[Req] = []  # finished outside a forward (abort, rejection)
+        self.grammars = grammars or GrammarQueue(None)
         self.holding: dict[int, Req] = {}  # request row -> the request that holds it (and KV)
         self.stopped = False
         self.checked_idle = False
@@ -95,6 +98,7 @@ class Scheduler:
         for msg in self.io.recv(block=self.is_idle):
             self.dispatch(msg)
         start = time.perf_counter()
+        self.admit_compiled_grammars()
         batch = self.next_batch()
         if batch is not None:
             self.process_result(batch, self.runner.forward(batch.entries))
@@ -113,7 +117,19 @@ class Scheduler:
 
     @property
     def is_idle(self) -> bool:
-        return not self.waiting and not self.running and self.chunked is None and not self.finished_out
+        return (
+            not self.waiting and not self.running and self.chunked is None and not self.finished_out
+            and not self.grammars.pending
+        )
+
+    def admit_compiled_grammars(self) -> None:
+        """Move requests whose grammar compiled to the waiting queue; reject failed ones."""
+        ready, failed = self.grammars.poll()
+        self.waiting.extend(ready)
+        for req, message in failed:
+            self.reject(req, message)
+        if self.grammars.pending and not self.waiting and not self.running and self.chunked is None:
+            time.sleep(0.002)  # only compiles are pending: do not spin on the socket
 
     # ------------------------------------------------------------------ messages
 
@@ -126,9 +142,12 @@ class Scheduler:
         need = pages(len(req.prompt) + req.sampling.max_new_tokens, self.page_size)
         if need > self.cache.total:
             return self.reject(req, f"the request needs {need} KV slots but the whole pool holds {self.cache.total}")
-        self.waiting.append(req)
+        if not self.grammars.submit(req):
+            self.waiting.append(req)
 
     def handle_abort(self, msg: AbortReq) -> None:
+        for req in self.grammars.remove_matching(msg.matches):
+            self.finish_now(req, "aborted by request")
         for queue in (self.waiting, self.running):
             for req in [r for r in queue if msg.matches(r.rid)]:
                 queue.remove(req)
@@ -141,6 +160,7 @@ class Scheduler:
         if not self.is_idle:
             self.io.send_control(FlushCacheOut(msg.req_id, False, "requests are running"))
             return
+        self.grammars.reset()
         self.io.send_control(FlushCacheOut(msg.req_id, self.cache.flush()))
 
     def handle_state(self, msg: GetStateReq) -> None:
@@ -282,12 +302,17 @@ class Scheduler:
 
     def append_token(self, req: Req, token: int, result: ForwardResult, i: int) -> None:
         req.output.append(token)
+        if req.grammar is not None and not req.grammar.accept(token):
+            req.abort(f"the grammar rejected token {token}")
         if req.return_logprob and result.logprobs is not None:
             req.output_logprobs.append(float(result.logprobs[i]))
             if req.top_logprobs_num and result.top_logprobs is not None:
                 ids, vals = result.top_logprobs[i]
                 req.output_top_logprobs.append([list(ids), list(vals)])
         check_finished(req, self.decode)
+        if not req.finished and req.grammar is not None and req.grammar.is_terminated():
+            req.matched_stop_token = token in req.stop_ids
+            req.finish({"type": "stop", "matched": token})
 
     def cache_unfinished(self, req: Req) -> None:
         """Publish a continuing request's computed tokens to the cache; re-point its row."""
@@ -347,7 +372,7 @@ class Scheduler:
             integrity = f"violated: {exc}"
         return {
             "running": len(self.running) + (self.chunked is not None),
-            "waiting": len(self.waiting),
+            "waiting": len(self.waiting) + len(self.grammars.pending),
             "kv_total": self.cache.total,
             "kv_available": self.cache.available(),
             "kv_evictable": self.cache.evictable_size,

@@ -1,0 +1,186 @@
+"""Grammar-constrained decoding on the scheduler side: asynchronous xgrammar compilation with a
+cache, and one matcher per constrained request.
+
+    backend = GrammarBackend(tokenizer, vocab_size, stop_token_ids=[eos])
+    future = backend.submit(spec)                # at arrival; the request waits while not done
+    ...                                          # abort it if not done after COMPILE_TIMEOUT_S
+    state = backend.new_state(future.result())   # raises InvalidRequest for a bad grammar
+    per step: state.fill_mask(bitmask, row) for each constrained row, then the model runner
+              applies the mask (kernels/grammar_mask.py) and samples;
+              after sampling: state.accept(token); finished when state.is_terminated()
+
+Threads: compilation runs on a small pool (default one thread, and xgrammar's compiler with one
+thread, so a compile competes with the model for at most one of the two cores). Everything else
+(`submit`, `new_state`, `reset`, and every `GrammarState`) belongs to the scheduler thread.
+
+Cache: futures keyed by `GrammarSpec`, the same future for the same spec while it stays cached,
+failures included (a bad grammar fails every request that asks for it, without recompiling). The
+cache is an LRU bounded by entry count (`COMPILE_CACHE_ENTRIES`); xgrammar's own compiler cache
+is off, so there is exactly one. `reset()` (flush_cache) empties it; requests already holding a
+future keep it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from runtime.errors import InvalidRequest
+from runtime.grammar_check import JSON_MAX_WHITESPACE, GrammarSpec, clean_error
+
+if TYPE_CHECKING:
+    from xgrammar import CompiledGrammar, GrammarMatcher
+
+# The scheduler aborts a request whose grammar is not compiled after this long. Typical JSON
+# schemas compile in milliseconds; validation in the tokenizer process has already rejected
+# grammars that take over `runtime.grammar_check.CHECK_TIMEOUT_S` just to parse.
+COMPILE_TIMEOUT_S = 30.0
+COMPILE_CACHE_ENTRIES = 128
+_BITS = 32
+
+
+def allocate_bitmask(batch: int, vocab_size: int) -> torch.Tensor:
+    """An all-allowed int32 token bitmask `[batch, ceil(vocab_size / 32)]` on the CPU (where
+    xgrammar fills it; move it to the logits' device before applying)."""
+    return torch.full((batch, (vocab_size + _BITS - 1) // _BITS), -1, dtype=torch.int32)
+
+
+class GrammarState:
+    """One request's position in its grammar (an xgrammar `GrammarMatcher`)."""
+
+    __slots__ = ("matcher", "vocab_size")
+
+    def __init__(self, matcher: GrammarMatcher, vocab_size: int) -> None:
+        self.matcher = matcher
+        self.vocab_size = vocab_size
+
+    def accept(self, token_id: int) -> bool:
+        """Advance by one sampled token; False (state unchanged) when the grammar forbids it."""
+        return bool(self.matcher.accept_token(token_id))
+
+    def fill_mask(self, bitmask: torch.Tensor, row: int) -> bool:
+        """Write the allowed next tokens into `bitmask[row]` (CPU, int32).
+
+        Returns:
+            False when the row came out all-allowed, so applying it may be skipped.
+        """
+        return bool(self.matcher.fill_next_token_bitmask(bitmask, row))
+
+    def is_terminated(self) -> bool:
+        """The grammar is complete and a stop token was accepted."""
+        return bool(self.matcher.is_terminated())
+
+    def is_completed(self) -> bool:
+        """The output so far is a complete match (a stop token would be accepted now)."""
+        return bool(self.matcher.is_completed())
+
+    def allowed_ids(self) -> list[int]:
+        """The token ids allowed next, in ascending order (for tests and debugging)."""
+        mask = allocate_bitmask(1, self.vocab_size)
+        self.matcher.fill_next_token_bitmask(mask, 0)
+        shifts = torch.arange(_BITS, dtype=torch.int32)
+        bits = ((mask[0].unsqueeze(-1) >> shifts) & 1).flatten()[: self.vocab_size]
+        return bits.nonzero().flatten().tolist()  # type: ignore[no-any-return]
+
+
+class GrammarBackend:
+    """Compiles grammars for one tokenizer asynchronously and makes per-request states."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        vocab_size: int,
+        stop_token_ids: list[int],
+        max_workers: int = 1,
+        cache_entries: int = COMPILE_CACHE_ENTRIES,
+        any_whitespace: bool = True,
+    ) -> None:
+        """
+        Args:
+            tokenizer: a Hugging Face tokenizer.
+            vocab_size: the model's (padded) vocabulary: the logits' width and the bitmask's.
+            stop_token_ids: the tokens that end a completed grammar (EOS).
+            max_workers: compile threads.
+            any_whitespace: JSON may have whitespace between tokens (bounded by
+                JSON_MAX_WHITESPACE); False: compact JSON only (SGLang's
+                --constrained-json-disable-any-whitespace).
+        """
+        import xgrammar as xgr
+
+        info = xgr.TokenizerInfo.from_huggingface(
+            tokenizer, vocab_size=vocab_size, stop_token_ids=list(stop_token_ids)
+        )
+        self.vocab_size = vocab_size
+        self.any_whitespace = any_whitespace
+        self.cache_entries = cache_entries
+        self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+        self._executor = ThreadPoolExecutor(max_workers, thread_name_prefix="grammar")
+        self._cache: OrderedDict[GrammarSpec, Future[CompiledGrammar]] = OrderedDict()
+
+    def submit(self, spec: GrammarSpec) -> Future[CompiledGrammar]:
+        """The compiled grammar of `spec`, cached or compiling; a bad grammar's future raises
+        `InvalidRequest` (param: its field) from `.result()`."""
+        future = self._cache.get(spec)
+        if future is not None:
+            self._cache.move_to_end(spec)
+            return future
+        future = self._executor.submit(self._compile, spec)
+        self._store(spec, future)
+        return future
+
+    def fail(self, spec: GrammarSpec, message: str) -> None:
+        """Cache `spec` as failed (e.g. after COMPILE_TIMEOUT_S), so later requests for it fail
+        at once instead of waiting for the same slow compile."""
+        future: Future[CompiledGrammar] = Future()
+        future.set_exception(InvalidRequest(message, param=spec.param))
+        self._store(spec, future)
+
+    def new_state(
+        self, compiled: CompiledGrammar, stop_token_ids: list[int] | None = None
+    ) -> GrammarState:
+        """A fresh matcher at the grammar's start; `stop_token_ids` overrides the backend's."""
+        import xgrammar as xgr
+
+        matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=stop_token_ids)
+        return GrammarState(matcher, self.vocab_size)
+
+    def reset(self) -> None:
+        """Forget every cached grammar (flush_cache). Compiles in flight still complete for the
+        requests holding their futures."""
+        self._cache.clear()
+
+    def shutdown(self) -> None:
+        """Stop the compile threads (pending compiles are cancelled)."""
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def _store(self, spec: GrammarSpec, future: Future[CompiledGrammar]) -> None:
+        self._cache[spec] = future
+        self._cache.move_to_end(spec)
+        while len(self._cache) > self.cache_entries:
+            self._cache.popitem(last=False)
+
+    def _compile(self, spec: GrammarSpec) -> CompiledGrammar:
+        """Runs on a pool thread."""
+        try:
+            return self._compile_xgrammar(spec)
+        except Exception as e:  # noqa: BLE001  (any compile failure is the grammar's)
+            raise InvalidRequest(clean_error(e), param=spec.param) from e
+
+    def _compile_xgrammar(self, spec: GrammarSpec) -> CompiledGrammar:
+        compiler = self._compiler
+        if spec.kind == "json":
+            return compiler.compile_json_schema(
+                spec.source,
+                any_whitespace=self.any_whitespace,
+                max_whitespace_cnt=JSON_MAX_WHITESPACE if self.any_whitespace else None,
+            )
+        if spec.kind == "json_object":
+            return compiler.compile_builtin_json_grammar()
+        if spec.kind == "regex":
+            return compiler.compile_regex(spec.source)
+        if spec.kind == "ebnf":
+            return compiler.compile_grammar(spec.source)
+        raise InvalidRequest(f"unknown grammar kind {spec.kind!r}", param=spec.param)
