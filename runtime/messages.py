@@ -14,10 +14,10 @@ in the batch asked (then they are all None). Shapes, per request `i`:
     output_logprobs[i]        list[float]              one per id in new_ids[i] / output_ids[i]
     output_top_logprobs[i]    list[TopLogprobs]        one per id in new_ids[i] / output_ids[i]
     input_logprobs[i]         list[float | None]       one per id in input_ids_for_logprobs[i];
-                                                       None for the first prompt token (no context)
+                                                       None for the first reported position (SGLang's format)
     input_top_logprobs[i]     list[TopLogprobs | None] aligned with input_logprobs[i]
     input_ids_for_logprobs[i] list[int]                the prompt ids whose logprobs are reported:
-                                                       prompt[logprob_start_len:], or [] for -1
+                                                       prompt[logprob_start_len:] (-1 means the last prompt token only)
 
     TopLogprobs = [[token ids...], [logprobs...]]      two lists of top_logprobs_num entries
 

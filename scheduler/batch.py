@@ -78,25 +78,25 @@ def _constrain(req: Req, entry: ForwardEntry) -> None:
 
 
 def _plan_input_logprobs(req: Req, entry: ForwardEntry, a: int, b: int) -> None:
-    """Score prompt tokens at positions [begin, len(prompt)): row r predicts prompt[r + 1].
+    """Score prompt positions (begin, len(prompt)): row r predicts prompt[r + 1].
 
-    Rows of this chunk [a, b) that predict a scored prompt token are r in
-    [max(a, begin - 1), min(b, len(prompt) - 1)).
+    Position `begin` itself is reported as None (SGLang's format), so the rows of this chunk
+    [a, b) that score a reported token are r in [max(a, begin), min(b, len(prompt) - 1)).
     """
     if req.logprob_start_len < 0 or req.sent_first:
         return
     begin, plen = req.logprob_start_len, len(req.prompt)
-    first, end = max(a, begin - 1, 0), min(b, plen - 1)
+    first, end = max(a, begin), min(b, plen - 1)
     if first < end:
         entry.logprob_start = first - a
         entry.logprob_targets = req.prompt[first + 1 : end + 1]
 
 
 def record_input_logprobs(req: Req, entry: ForwardEntry, result: ForwardResult, i: int) -> None:
-    """Append this chunk's input logprobs to the request (None for position 0, which has no context)."""
+    """Append this chunk's input logprobs to the request (None for position logprob_start_len)."""
     if req.logprob_start_len < 0 or req.sent_first:
         return
-    if entry.prefix_len == 0 and req.logprob_start_len == 0:
+    if entry.prefix_len <= req.logprob_start_len < entry.seq_len:  # the chunk holding `begin`
         req.input_logprobs.append(None)
         req.input_top_logprobs.append(None)
     lps = result.input_logprobs[i]

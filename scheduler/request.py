@@ -33,7 +33,9 @@ class Req:
     prompt: list[int]
     sampling: SamplingParams
     return_logprob: bool = False
-    logprob_start_len: int = -1  # first prompt position whose logprob is reported; -1: none
+    # First prompt position reported in the input logprobs (its entry is None, as in SGLang: only
+    # later positions get a value); -1 when no logprobs were asked for.
+    logprob_start_len: int = -1
     top_logprobs_num: int = 0
     stream: bool = False
     extra_key: str | None = None
@@ -72,7 +74,7 @@ class Req:
             prompt=list(msg.input_ids),
             sampling=sp,
             return_logprob=msg.return_logprob,
-            logprob_start_len=msg.logprob_start_len if msg.return_logprob else -1,
+            logprob_start_len=_logprob_start(msg),
             top_logprobs_num=msg.top_logprobs_num if msg.return_logprob else 0,
             stream=msg.stream,
             extra_key=msg.extra_key,
@@ -98,10 +100,10 @@ class Req:
 
     def max_prefix_len(self) -> int:
         """The longest prefix a cache hit may cover: at least one token must be computed, and
-        the rows scored for input logprobs must be computed too."""
+        the rows scored for input logprobs (from logprob_start_len on) must be computed too."""
         limit = len(self.fill_ids) - 1
         if self.logprob_start_len >= 0:
-            limit = min(limit, max(self.logprob_start_len - 1, 0))
+            limit = min(limit, self.logprob_start_len)
         return limit
 
     def finish(self, reason: dict[str, Any]) -> None:
@@ -111,3 +113,10 @@ class Req:
 
     def abort(self, message: str) -> None:
         self.finish({"type": "abort", "message": message})
+
+
+def _logprob_start(msg: GenerateReq) -> int:
+    """SGLang's rule: -1 (the default) reports only the last prompt position."""
+    if not msg.return_logprob:
+        return -1
+    return msg.logprob_start_len if msg.logprob_start_len >= 0 else len(msg.input_ids) - 1

@@ -21,38 +21,15 @@ VENV="$ROOT/.venv"
 STAMP="$VENV/.radixserve-setup"
 cd "$ROOT"
 
-want="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)"
+want="$(cat pyproject.toml scripts/setup.sh scripts/venv_common.sh | sha256sum | cut -d' ' -f1)"
 if [[ -x "$VENV/bin/python" && -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]]; then
     exit 0
 fi
 
-say() { echo "radixserve setup: $*" >&2; }
-
-is_py311() { "$1" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' >/dev/null 2>&1; }
-
-if ! is_py311 "$VENV/bin/python"; then
-    PY=""
-    for candidate in python3.11 python3; do
-        if command -v "$candidate" >/dev/null 2>&1 && is_py311 "$candidate"; then
-            PY="$candidate"
-            break
-        fi
-    done
-    if [[ -z "$PY" ]]; then
-        say "Python 3.11 is required: put python3.11 (or a python3 that is 3.11) on PATH"
-        exit 1
-    fi
-    say "creating $VENV with $("$PY" --version 2>&1)"
-    "$PY" -m venv --clear "$VENV"
-fi
-VPY="$VENV/bin/python"
-
-# Quiet pip, errors visible. The filter drops one harmless warning that this machine's pip config
-# (file:// extra indexes without every package) prints for each lookup.
-pip_install() {
-    "$VPY" -m pip install -q --disable-pip-version-check "$@" \
-        2> >(grep -v --line-buffered "is ignored: it is neither a file nor a directory" >&2)
-}
+SETUP_NAME="setup"
+# shellcheck source=scripts/venv_common.sh
+source "$ROOT/scripts/venv_common.sh"
+make_py311_venv
 
 # The project's requirements from pyproject.toml: usage `project_requirements SKIP [EXTRA...]`
 # prints the dependencies plus those of each EXTRA, one a line, leaving out the package SKIP.
