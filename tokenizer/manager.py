@@ -27,6 +27,7 @@ from typing import Any
 from runtime.codec import TypeDispatcher
 from runtime.config import ServerConfig
 from runtime.errors import InvalidRequest, RuntimeCrashed
+from runtime.grammar_check import grammar_spec, validate_grammar
 from runtime.ipc import AsyncPullSocket, IpcDir, PushSocket, new_context
 from runtime.messages import (
     AbortReq, BatchStrOut, FlushCacheOut, FlushCacheReq, GenerateReq, GetStateReq,
@@ -138,6 +139,9 @@ class TokenizerManager:
             ids = self.tokenizer.encode(single.text)
         params = SamplingParams.from_dict(single.sampling_params)
         params.validate(self.vocab_size)
+        spec = grammar_spec(params)
+        if spec is not None:
+            validate_grammar(spec)  # NOTE: a bad grammar is a 400 naming its field, never sent
         self._check_limits(single, ids, params)
         req = GenerateReq(
             rid=single.rid, input_ids=list(ids),

@@ -1,9 +1,8 @@
 """SGLang's native endpoints: what /generate, /health_generate, /get_model_info,
 /get_server_info and /abort_request do beyond HTTP mapping.
 
-/generate bodies go to `TokenizerManager.generate` unchanged (it validates them); only grammar
-constraints are refused here, until the scheduler implements them, so that a constraint is never
-silently ignored.
+/generate bodies go to `TokenizerManager.generate` unchanged: it validates them, grammar
+constraints (`sampling_params.json_schema` as text or an object, `regex`, `ebnf`) included.
 """
 
 from __future__ import annotations
@@ -20,28 +19,14 @@ from tokenizer.streaming import last_result
 if TYPE_CHECKING:
     from tokenizer.server_state import ServerState
 
-GRAMMAR_FIELDS = ("regex", "json_schema", "ebnf")
 HEALTH_TIMEOUT_S = 20.0
 VERSION = "0.1.0"
 
 
-def not_supported_yet(field: str, what: str | None = None) -> InvalidRequest:
-    """A 400 for a constraint the scheduler cannot enforce yet (never silently ignored)."""
-    return InvalidRequest(
-        f"{what or field} is not supported yet: constrained decoding is not implemented in this "
-        "server", param=field)
-
-
 def check_generate_body(body: Any) -> dict[str, Any]:
-    """A /generate body, with grammar constraints refused (everything else: the manager)."""
+    """A /generate body: a JSON object (everything else is checked by the manager)."""
     if not isinstance(body, dict):
         raise InvalidRequest("the request body must be a JSON object")
-    params = body.get("sampling_params")
-    for item in params if isinstance(params, list) else [params]:
-        if isinstance(item, dict):
-            for name in GRAMMAR_FIELDS:
-                if item.get(name) is not None:
-                    raise not_supported_yet(f"sampling_params.{name}")
     return body
 
 

@@ -4,7 +4,9 @@ from the TokenizerManager's SGLang-shaped outputs (request validation: `openai_p
 The manager's streamed outputs carry cumulative `text` (and cumulative logprob lists); a renderer
 remembers, per choice index, how much it already sent and emits only the new part, so the joined
 deltas equal the non-streamed text. Choice `index` is prompt-major (`prompt * n + sample`), as the
-manager numbers fanned-out outputs. `finish_reason` is the manager's type: stop, length or abort.
+manager numbers fanned-out outputs. `finish_reason` is the manager's type: stop, length or abort;
+or tool_calls when a chat with tools produced calls (`tool_calls.py` parses them; a stream holds
+back what may be a call and sends each call as two deltas at the end).
 """
 
 from __future__ import annotations
@@ -13,6 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 from runtime.errors import InvalidRequest
 from tokenizer.openai_protocol import OpenAIPlan, translate
+from tokenizer.tool_calls import (
+    ToolCall, ToolCallStream, adapt_to_template, parse_tool_calls, tool_call_deltas,
+)
 
 if TYPE_CHECKING:
     from tokenizer.manager import TokenizerManager
@@ -30,12 +35,21 @@ def token_budget(tm: TokenizerManager) -> int:
 def chat_prompt_ids(tm: TokenizerManager, messages: list[dict[str, Any]],
                     template_kwargs: dict[str, Any]) -> list[int]:
     """The chat template's prompt, tokenized without adding special tokens (it has them)."""
+    messages, template_kwargs = adapt_to_template(template_source(tm), messages, template_kwargs)
     try:
         text = tm.apply_chat_template(messages, **template_kwargs)
     except Exception as exc:  # NOTE: client-controlled input rendered by a Jinja template
         raise InvalidRequest(f"the chat template cannot render these messages: {exc}",
                              param="messages") from None
     return list(tm.tokenizer.encode(text, add_special_tokens=False))
+
+
+def template_source(tm: TokenizerManager) -> str:
+    """The chat template's Jinja source ("" when the tokenizer has none)."""
+    template = getattr(tm.tokenizer, "chat_template", None)
+    if isinstance(template, dict):  # named templates: any of them may be used
+        return "\n".join(str(t) for t in template.values())
+    return template if isinstance(template, str) else ""
 
 
 def models_list(model_name: str, created: int, context_length: int | None) -> dict[str, Any]:
@@ -105,7 +119,7 @@ class _Renderer:
         self._sent_logprobs: dict[int, int] = {}
 
     def translate(self, exc: InvalidRequest) -> InvalidRequest:
-        return translate(exc, self.plan.kind)
+        return translate(exc, self.plan.kind, self.plan.renames)
 
     def header(self, obj: str) -> dict[str, Any]:
         return {"id": self.plan.id, "object": obj, "created": self.plan.created,
@@ -129,15 +143,20 @@ class _Renderer:
         i, meta = out.get("index", 0), out["meta_info"]
         first = i not in self._sent_text
         self._metas[i] = meta
-        delta = out["text"][self._sent_text.get(i, 0):]
-        self._sent_text[i] = len(out["text"])
-        entries, tops = self._new_logprobs(i, meta, first)
         reason = finish_reason(meta)
+        delta = self._text_delta(i, out["text"], reason is not None)
+        entries, tops = self._new_logprobs(i, meta, first)
         if not delta and not entries and reason is None and not (first and self._echo(i)):
             return []
         choice = self.delta_choice(i, delta, first, entries, tops)
         choice["finish_reason"] = reason
         return [{**self.header(self.chunk_object), "choices": [choice]}]
+
+    def _text_delta(self, i: int, text: str, finished: bool) -> str:
+        """The text to send now for choice i's cumulative `text`."""
+        delta = text[self._sent_text.get(i, 0):]
+        self._sent_text[i] = len(text)
+        return delta
 
     def delta_choice(self, i: int, delta: str, first: bool, entries: list[LogprobEntry],
                      tops: list[Any] | None) -> dict[str, Any]:
@@ -223,22 +242,62 @@ class ChatRenderer(_Renderer):
 
     object_name, chunk_object = "chat.completion", "chat.completion.chunk"
 
+    def __init__(self, plan: OpenAIPlan) -> None:
+        super().__init__(plan)
+        self._tool_streams: dict[int, ToolCallStream] = {}
+        self._calls: dict[int, list[ToolCall]] = {}  # parsed at the end, not yet sent
+
     def choice(self, i: int, out: dict[str, Any]) -> dict[str, Any]:
         meta = out["meta_info"]
         logprobs = None
         if self.plan.logprobs:
             logprobs = chat_logprobs(meta.get("output_token_logprobs") or [],
                                      meta.get("output_top_logprobs"))
-        return {"index": i, "message": {"role": "assistant", "content": out["text"]},
-                "logprobs": logprobs, "finish_reason": finish_reason(meta),
+        message: dict[str, Any] = {"role": "assistant", "content": out["text"]}
+        reason = finish_reason(meta)
+        if self.plan.tools is not None:
+            parsed = parse_tool_calls(out["text"], self.plan.tools.names)
+            if parsed.calls:
+                message = {"role": "assistant", "content": parsed.content,
+                           "tool_calls": [c.to_openai() for c in parsed.calls]}
+                reason = "tool_calls"
+        return {"index": i, "message": message, "logprobs": logprobs, "finish_reason": reason,
                 "matched_stop": (meta.get("finish_reason") or {}).get("matched")}
 
     def start(self) -> list[Any]:
         """The first chunk of every choice carries the role (OpenAI's order)."""
         role = {"role": "assistant", "content": ""}
-        return [{**self.header(self.chunk_object),
-                 "choices": [{"index": i, "delta": role, "logprobs": None, "finish_reason": None}]}
-                for i in range(self.plan.num_choices)]
+        return [self._chunk(i, role, None) for i in range(self.plan.num_choices)]
+
+    def chunks(self, out: dict[str, Any]) -> list[Any]:
+        """As for any route; a choice that ended in calls gets, after its content, each call's
+        deltas and then a chunk with finish_reason tool_calls."""
+        payloads = super().chunks(out)
+        i = out.get("index", 0)
+        calls = self._calls.pop(i, None)
+        if not calls:
+            return payloads
+        kept = [p for p in payloads if p["choices"][0]["delta"] or p["choices"][0]["logprobs"]]
+        for payload in kept:
+            payload["choices"][0]["finish_reason"] = None
+        tail = [self._chunk(i, delta, None) for delta in tool_call_deltas(calls)]
+        return kept + tail + [self._chunk(i, {}, "tool_calls")]
+
+    def _text_delta(self, i: int, text: str, finished: bool) -> str:
+        tools = self.plan.tools
+        if tools is None:
+            return super()._text_delta(i, text, finished)
+        self._sent_text[i] = len(text)  # NOTE: only marks the choice as started
+        stream = self._tool_streams.setdefault(i, ToolCallStream(tools.names, tools.choice.forced))
+        delta, calls = stream.feed(text, finished)
+        if calls:
+            self._calls[i] = calls
+        return delta
+
+    def _chunk(self, i: int, delta: dict[str, Any], reason: str | None) -> dict[str, Any]:
+        return {**self.header(self.chunk_object),
+                "choices": [{"index": i, "delta": delta, "logprobs": None,
+                             "finish_reason": reason}]}
 
     def delta_choice(self, i: int, delta: str, first: bool, entries: list[LogprobEntry],
                      tops: list[Any] | None) -> dict[str, Any]:

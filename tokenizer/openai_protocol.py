@@ -6,8 +6,9 @@ and are checked by `SamplingParams` inside `TokenizerManager.generate`, whose er
 back to the OpenAI names by `translate`. Choices where OpenAI or SGLang leave room:
   - Unknown fields are rejected with a 400 naming them (as OpenAI does), except a few harmless
     OpenAI fields that are accepted and ignored (`IGNORED`).
-  - Grammar constraints (`regex`, `json_schema`, `ebnf`, `response_format` json modes) and
-    `tools` are refused with a 400 until constrained decoding exists: never silently ignored.
+  - Grammar constraints go into `sampling_params`: the extras `regex`, `json_schema`, `ebnf` as
+    given, and chat's `response_format` and forced tool calls as `openai_constraints.py` maps
+    them. The manager compiles and checks them (one per request at most).
   - Chat `max_tokens` defaults to the rest of the context (OpenAI, vLLM); completions to 16.
   - A chat prompt is the chat template's text tokenized without adding special tokens (the
     template already has them), sent as `input_ids`.
@@ -18,12 +19,14 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.errors import InvalidRequest
-from tokenizer.native_api import not_supported_yet
+from tokenizer.openai_constraints import (
+    GRAMMAR_FIELDS, ToolPlan, chat_constraints, check_history_calls,
+)
 
 SAMPLING_FIELDS = {  # OpenAI / SGLang-extra name -> SamplingParams name
     "temperature": "temperature", "top_p": "top_p", "n": "n", "stop": "stop", "seed": "seed",
@@ -34,7 +37,6 @@ SAMPLING_FIELDS = {  # OpenAI / SGLang-extra name -> SamplingParams name
     "skip_special_tokens": "skip_special_tokens", "no_stop_trim": "no_stop_trim",
     "spaces_between_special_tokens": "spaces_between_special_tokens",
 }
-GRAMMAR_FIELDS = ("regex", "json_schema", "ebnf")
 IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls"}
 COMMON = {"model", "max_tokens", "stream", "stream_options", "logprobs", "rid",
           *SAMPLING_FIELDS, *GRAMMAR_FIELDS, *IGNORED}
@@ -60,14 +62,20 @@ class OpenAIPlan:
     include_usage: bool
     logprobs: bool
     echo_texts: list[str] | None = None  # completions with echo: each prompt's text
+    tools: ToolPlan | None = None  # chat with callable tools: outputs are parsed for calls
+    renames: dict[str, str] = field(default_factory=dict)
+    """Manager field -> request field, for a constraint built from another field (an invalid
+    response_format schema is reported as response_format.json_schema.schema, not json_schema)."""
 
     @property
     def num_choices(self) -> int:
         return self.n * self.num_prompts
 
 
-def translate(exc: InvalidRequest, kind: str) -> InvalidRequest:
-    """The manager's field names in an error, renamed to the OpenAI request's."""
+def translate(exc: InvalidRequest, kind: str,
+              renames: dict[str, str] | None = None) -> InvalidRequest:
+    """The manager's field names in an error, renamed to the OpenAI request's (`renames`: the
+    request's own, for the param only)."""
     names = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens",
              "top_logprobs_num": "top_logprobs" if kind == "chat" else "logprobs",
              "text": "prompt" if kind == "completion" else "messages",
@@ -75,7 +83,10 @@ def translate(exc: InvalidRequest, kind: str) -> InvalidRequest:
              "sampling_seed": "seed"}
     pattern = re.compile(r"\b(" + "|".join(names) + r")\b")
     message = pattern.sub(lambda m: names[m.group(1)], exc.message)
-    return InvalidRequest(message, param=names.get(exc.param or "", exc.param))
+    if exc.param is None:
+        return InvalidRequest(message)
+    key = exc.param.removeprefix("sampling_params.")  # OpenAI bodies have no such nesting
+    return InvalidRequest(message, param=(renames or {}).get(key) or names.get(key, key))
 
 
 # ---------------------------------------------------------------- field helpers
@@ -99,9 +110,6 @@ def _check_object(req: Any, allowed: set[str]) -> dict[str, Any]:
     if unknown:
         raise InvalidRequest(f"Unrecognized request argument(s): {', '.join(unknown)}",
                              param=unknown[0])
-    for name in GRAMMAR_FIELDS:
-        if req.get(name) is not None:
-            raise not_supported_yet(name)
     _typed(req, "model", lambda x: isinstance(x, str), "a string")
     return req
 
@@ -109,6 +117,7 @@ def _check_object(req: Any, allowed: set[str]) -> dict[str, Any]:
 def _sampling(req: dict[str, Any], max_tokens: Any) -> dict[str, Any]:
     params = {SAMPLING_FIELDS[k]: v for k, v in req.items()
               if k in SAMPLING_FIELDS and v is not None}
+    params.update({k: req[k] for k in GRAMMAR_FIELDS if req.get(k) is not None})
     params["max_new_tokens"] = max_tokens
     return params
 
@@ -207,33 +216,39 @@ def _prompts(prompt: Any) -> tuple[list[Any], str, bool]:
 def plan_chat(req: Any, model: str, max_top_logprobs: int, context_length: int,
               render: Callable[[list[dict[str, Any]], dict[str, Any]], list[int]]) -> OpenAIPlan:
     """/v1/chat/completions -> manager body. `render(messages, template_kwargs)` applies the
-    chat template and tokenizes (raising InvalidRequest when the template refuses)."""
+    chat template and tokenizes (raising InvalidRequest when the template refuses); with tools,
+    `template_kwargs["tools"]` holds them in OpenAI's shape."""
     req = _check_object(req, CHAT_FIELDS)
     messages = _messages(req.get("messages"))
-    _check_response_format(req.get("response_format"))
-    _check_tools(req.get("tools"), req.get("tool_choice"))
+    constraints = chat_constraints(req)
+    tools = constraints.tools
     logprobs = bool(_typed(req, "logprobs", lambda x: isinstance(x, bool), "a boolean"))
     top = _top_k(req, "top_logprobs", max_top_logprobs)
     if top and not logprobs:
         raise InvalidRequest("top_logprobs requires logprobs to be true", param="top_logprobs")
     stream, include_usage = _stream_options(req)
     kwargs = _typed(req, "chat_template_kwargs", lambda x: isinstance(x, dict), "an object")
-    ids = render(messages, kwargs or {})
+    kwargs = dict(kwargs or {})
+    if tools is not None:
+        kwargs["tools"] = tools.as_openai_tools()
+    ids = render(messages, kwargs)
     max_tokens = req.get("max_completion_tokens")
     if max_tokens is None:
         max_tokens = req.get("max_tokens")
     if max_tokens is None:
         max_tokens = max(context_length - len(ids), 0)
-    body: dict[str, Any] = {"input_ids": ids, "sampling_params": _sampling(req, max_tokens),
-                            "stream": stream}
+    sampling = {**_sampling(req, max_tokens), **constraints.grammar}
+    body: dict[str, Any] = {"input_ids": ids, "sampling_params": sampling, "stream": stream}
     if logprobs:
         body.update(return_logprob=True, top_logprobs_num=top or 0, return_text_in_logprobs=True)
     return _plan("chat", req, model, body=body, num_prompts=1, stream=stream,
-                 include_usage=include_usage, logprobs=logprobs)
+                 include_usage=include_usage, logprobs=logprobs, tools=tools,
+                 renames=constraints.renames)
 
 
 def _messages(messages: Any) -> list[dict[str, Any]]:
-    """Validated messages with text content (content parts joined); developer -> system."""
+    """Validated messages with text content (content parts joined); developer -> system.
+    Assistant `tool_calls` and a tool message's `tool_call_id` are kept for the template."""
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("messages must be a non-empty list of message objects",
                              param="messages")
@@ -247,7 +262,13 @@ def _messages(messages: Any) -> list[dict[str, Any]]:
             raise InvalidRequest(f"{where}.role must be one of {sorted(ROLES)}, got {role!r}",
                                  param=f"{where}.role")
         content = _content(m.get("content"), role, where)
-        out.append({"role": "system" if role == "developer" else role, "content": content})
+        item: dict[str, Any] = {"role": "system" if role == "developer" else role,
+                                "content": content}
+        if role == "assistant" and m.get("tool_calls"):
+            item["tool_calls"] = check_history_calls(m["tool_calls"], f"{where}.tool_calls")
+        if role == "tool" and isinstance(m.get("tool_call_id"), str):
+            item["tool_call_id"] = m["tool_call_id"]
+        out.append(item)
     return out
 
 
@@ -268,28 +289,3 @@ def _content(content: Any, role: str, where: str) -> str:
                 f"got type {kind!r} (only text is supported)", param=f"{where}.content")
         texts.append(part["text"])
     return "".join(texts)
-
-
-def _check_response_format(fmt: Any) -> None:
-    if fmt is None:
-        return
-    kind = fmt.get("type") if isinstance(fmt, dict) else None
-    if kind in ("json_object", "json_schema", "structural_tag"):
-        raise not_supported_yet("response_format", f"response_format {kind}")
-    if kind != "text":
-        raise InvalidRequest("response_format must be an object whose type is one of text, "
-                             "json_object, json_schema, structural_tag", param="response_format")
-
-
-def _check_tools(tools: Any, choice: Any) -> None:
-    if tools is not None:
-        if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
-            raise InvalidRequest("tools must be a list of tool objects", param="tools")
-        if tools:
-            raise not_supported_yet("tools")
-    if choice is None or choice in ("none", "auto"):
-        return
-    if choice == "required" or isinstance(choice, dict):
-        raise not_supported_yet("tool_choice")
-    raise InvalidRequest(f"tool_choice must be none, auto, required or a function object, got "
-                         f"{choice!r}", param="tool_choice")

@@ -62,7 +62,7 @@ def test_chat_body_defaults_to_the_rest_of_the_context() -> None:
 @pytest.mark.parametrize(("req", "param"), [
     ({"prompt": ""}, "prompt"), ({"prompt": [1, "a"]}, "prompt"),
     ({"prompt": "x", "echo": 1}, "echo"),
-    ({"prompt": "x", "logprobs": 6}, "logprobs"), ({"prompt": "x", "ebnf": "r"}, "ebnf"),
+    ({"prompt": "x", "logprobs": 6}, "logprobs"),
     ({"prompt": "x", "bogus": 1}, "bogus"), ({"prompt": "x", "model": 3}, "model"),
     ({"prompt": "x", "stream": True, "stream_options": {"x": 1}}, "stream_options"),
 ])
@@ -75,7 +75,7 @@ def test_completion_rejections_name_the_field(req: dict[str, Any], param: str) -
 @pytest.mark.parametrize(("req", "param"), [
     ({"messages": "hi"}, "messages"), ({"messages": [{"role": "user"}]}, "messages[0].content"),
     ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema"}},
-     "response_format"),
+     "response_format.json_schema"),
     ({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}, "tool_choice"),
     ({"messages": [{"role": "user", "content": "x"}], "logprobs": "yes"}, "logprobs"),
 ])
@@ -89,6 +89,23 @@ def test_manager_errors_are_renamed() -> None:
     exc = translate(InvalidRequest("max_new_tokens must be >= 0", "max_new_tokens"), "chat")
     assert exc.param == "max_tokens" and exc.message == "max_tokens must be >= 0"
     assert translate(InvalidRequest("bad text", "text"), "completion").param == "prompt"
+    bad_schema = InvalidRequest("invalid JSON schema", "json_schema")
+    renames = {"json_schema": "response_format.json_schema.schema"}
+    assert translate(bad_schema, "chat", renames).param == renames["json_schema"]
+    assert translate(InvalidRequest("bad", "sampling_params.regex"), "chat").param == "regex"
+    assert translate(InvalidRequest("no param"), "chat").param is None
+
+
+def test_grammar_extras_go_to_sampling_params() -> None:
+    params = _completion(prompt="x", regex=r"\d{3}").body["sampling_params"]
+    assert params["regex"] == r"\d{3}"
+    schema = {"type": "object"}
+    chat = _chat(messages=[{"role": "user", "content": "x"}], json_schema=schema, ebnf=None)
+    assert chat.body["sampling_params"]["json_schema"] == schema and chat.renames == {}
+    fmt = _chat(messages=[{"role": "user", "content": "x"}],
+                response_format={"type": "json_object"})
+    assert fmt.body["sampling_params"]["json_schema"] == "$$ANY$$"
+    assert fmt.renames == {"json_schema": "response_format"} and fmt.tools is None
 
 
 def test_usage_counts_prompts_once() -> None:
