@@ -27,7 +27,6 @@ from typing import Any
 from runtime.codec import TypeDispatcher
 from runtime.config import ServerConfig
 from runtime.errors import InvalidRequest, RuntimeCrashed
-from runtime.grammar_check import grammar_spec, validate_grammar
 from runtime.ipc import AsyncPullSocket, IpcDir, PushSocket, new_context
 from runtime.messages import (
     AbortReq, BatchStrOut, FlushCacheOut, FlushCacheReq, GenerateReq, GetStateReq,
@@ -37,6 +36,7 @@ from runtime.sampling import SamplingParams
 from tokenizer.io import (
     Group, ReqState, SingleRequest, apply_output, build_output, normalize_generate,
 )
+from tokenizer.limits import RequestLimits, check_request
 
 logger = logging.getLogger("radixserve.tokenizer")
 
@@ -69,6 +69,11 @@ class TokenizerManager:
         self.scheduler_info = scheduler_info
         self.vocab_size: int = scheduler_info["vocab_size"]
         self.context_length: int = scheduler_info.get("context_length") or config.context_length
+        self.limits = RequestLimits(
+            vocab_size=self.vocab_size, context_length=self.context_length,
+            kv_total=scheduler_info.get("max_total_tokens"), max_n=config.max_n,
+            max_top_logprobs=config.max_top_logprobs,
+        )
         self.tokenizer = AutoTokenizer.from_pretrained(config.tokenizer_path or config.model_path)
         ipc = IpcDir(ipc_path)
         self._ctx = new_context()
@@ -138,11 +143,7 @@ class TokenizerManager:
         else:
             ids = self.tokenizer.encode(single.text)
         params = SamplingParams.from_dict(single.sampling_params)
-        params.validate(self.vocab_size)
-        spec = grammar_spec(params)
-        if spec is not None:
-            validate_grammar(spec)  # NOTE: a bad grammar is a 400 naming its field, never sent
-        self._check_limits(single, ids, params)
+        check_request(single, ids, params, self.limits)
         req = GenerateReq(
             rid=single.rid, input_ids=list(ids),
             sampling_params=dataclasses.replace(params, n=1),
@@ -150,39 +151,6 @@ class TokenizerManager:
             top_logprobs_num=single.top_logprobs_num, stream=single.stream,
         )
         return _Prepared(req, single, params.n)
-
-    def _check_limits(self, single: SingleRequest, ids: list[int], params: SamplingParams) -> None:
-        field, limit = single.prompt_field, self.context_length
-        if not ids:
-            raise InvalidRequest(f"{field} encodes to no tokens", param=field)
-        if max(ids) >= self.vocab_size:
-            raise InvalidRequest(
-                f"{field}: token id {max(ids)} is outside [0, {self.vocab_size})", param=field)
-        if len(ids) > limit:
-            raise InvalidRequest(f"The input ({len(ids)} tokens) is longer than the model's "
-                                 f"context length ({limit} tokens).", param=field)
-        if len(ids) + params.max_new_tokens > limit:
-            raise InvalidRequest(
-                f"Requested token count exceeds the model's maximum context length of {limit} "
-                f"tokens. You requested a total of {len(ids) + params.max_new_tokens} tokens: "
-                f"{len(ids)} tokens from the input and {params.max_new_tokens} tokens for the "
-                "completion (max_new_tokens). Reduce the input or max_new_tokens.",
-                param="max_new_tokens")
-        kv_total = self.scheduler_info.get("max_total_tokens")
-        if kv_total is not None and len(ids) + params.max_new_tokens > kv_total:
-            raise InvalidRequest(
-                f"The request needs {len(ids) + params.max_new_tokens} KV cache slots "
-                f"({len(ids)} input + {params.max_new_tokens} max_new_tokens) but the whole KV "
-                f"cache holds {kv_total}. Reduce the input or max_new_tokens.",
-                param="max_new_tokens")
-        if params.n > self.config.max_n:
-            raise InvalidRequest(f"n must be <= {self.config.max_n}, got {params.n}", param="n")
-        if single.top_logprobs_num > self.config.max_top_logprobs:
-            raise InvalidRequest(f"top_logprobs_num must be <= {self.config.max_top_logprobs}",
-                                 param="top_logprobs_num")
-        if single.logprob_start_len >= len(ids):
-            raise InvalidRequest(f"logprob_start_len must be < the prompt length {len(ids)}",
-                                 param="logprob_start_len")
 
     @staticmethod
     def _rids(p: _Prepared) -> list[str]:

@@ -1,0 +1,66 @@
+"""Everything a generation request must satisfy before it is sent to the scheduler.
+
+Each failure is an `InvalidRequest` naming the field, so the HTTP layer answers 400 and nothing
+reaches the scheduler: sampling values, the grammar (compiled in a guarded worker process, see
+`runtime.grammar_check`), token ids inside the vocabulary, the context length, the KV pool, and
+the server's caps on `n` and `top_logprobs_num`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from runtime.errors import InvalidRequest
+from runtime.grammar_check import grammar_spec, validate_grammar
+from runtime.sampling import SamplingParams
+from tokenizer.io import SingleRequest
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    vocab_size: int
+    context_length: int
+    kv_total: int | None  # the whole KV pool, from the scheduler's ready info
+    max_n: int
+    max_top_logprobs: int
+
+
+def check_request(single: SingleRequest, ids: list[int], params: SamplingParams, lim: RequestLimits) -> None:
+    """Raise `InvalidRequest` (naming the field) for anything the runtime must not be sent."""
+    params.validate(lim.vocab_size)
+    spec = grammar_spec(params)
+    if spec is not None:
+        validate_grammar(spec)
+    _check_lengths(single.prompt_field, ids, params.max_new_tokens, lim)
+    if params.n > lim.max_n:
+        raise InvalidRequest(f"n must be <= {lim.max_n}, got {params.n}", param="n")
+    if single.top_logprobs_num > lim.max_top_logprobs:
+        raise InvalidRequest(f"top_logprobs_num must be <= {lim.max_top_logprobs}",
+                             param="top_logprobs_num")
+    if single.logprob_start_len >= len(ids):
+        raise InvalidRequest(f"logprob_start_len must be < the prompt length {len(ids)}",
+                             param="logprob_start_len")
+
+
+def _check_lengths(field: str, ids: list[int], max_new: int, lim: RequestLimits) -> None:
+    limit = lim.context_length
+    if not ids:
+        raise InvalidRequest(f"{field} encodes to no tokens", param=field)
+    if max(ids) >= lim.vocab_size:
+        raise InvalidRequest(f"{field}: token id {max(ids)} is outside [0, {lim.vocab_size})", param=field)
+    if len(ids) > limit:
+        raise InvalidRequest(f"The input ({len(ids)} tokens) is longer than the model's "
+                             f"context length ({limit} tokens).", param=field)
+    if len(ids) + max_new > limit:
+        raise InvalidRequest(
+            f"Requested token count exceeds the model's maximum context length of {limit} "
+            f"tokens. You requested a total of {len(ids) + max_new} tokens: "
+            f"{len(ids)} tokens from the input and {max_new} tokens for the "
+            "completion (max_new_tokens). Reduce the input or max_new_tokens.",
+            param="max_new_tokens")
+    if lim.kv_total is not None and len(ids) + max_new > lim.kv_total:
+        raise InvalidRequest(
+            f"The request needs {len(ids) + max_new} KV cache slots ({len(ids)} input + "
+            f"{max_new} max_new_tokens) but the whole KV cache holds {lim.kv_total}. "
+            "Reduce the input or max_new_tokens.",
+            param="max_new_tokens")
