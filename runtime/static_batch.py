@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
-
 from radix.allocator import KVAllocator
 from runtime.config import ServerConfig
 from runtime.model_runner import ForwardEntry, ForwardResult, ModelRunner

@@ -8,7 +8,6 @@ import re
 import pytest
 import transformers
 
-from runtime.sampling import SamplingParams
 from tests.scheduler.harness import make, run_until_idle, submit
 
 pytestmark = pytest.mark.slow
