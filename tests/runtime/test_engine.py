@@ -18,6 +18,7 @@ import transformers
 
 from runtime import Engine
 from runtime.errors import RuntimeCrashed
+from tests.engine_checks import assert_idle_and_sound
 
 pytestmark = pytest.mark.slow
 
@@ -70,19 +71,6 @@ def engine() -> Iterator[Engine]:
     yield from _engine()
 
 
-def _assert_idle_and_sound(engine: Engine) -> None:
-    deadline = time.monotonic() + 10
-    state = engine.get_state()
-    while state["running"] or state["waiting"]:
-        assert time.monotonic() < deadline, state
-        time.sleep(0.05)
-        state = engine.get_state()
-    assert state["integrity"] == "ok", state
-    held = state["kv_available"] + state["kv_evictable"] + state["kv_protected"]
-    assert held == state["kv_total"] and state["kv_protected"] == 0, state
-    assert state["rows_free"] == state["rows_total"], state
-
-
 def _ids(results: list[dict]) -> list[list[int]]:
     return [r["output_ids"] for r in results]
 
@@ -93,7 +81,7 @@ def test_greedy_alone_and_batched_match_hf(engine: Engine, chat_ids, hf_referenc
     for i, expected in enumerate(hf_reference):
         assert alone[i][: len(expected)] == expected, QUESTIONS[i]
         assert batched[i] == alone[i] and batched[i + len(chat_ids)] == alone[i]
-    _assert_idle_and_sound(engine)
+    assert_idle_and_sound(engine)
 
 
 @pytest.mark.parametrize("overrides", [{"disable_radix_cache": True}, {"chunked_prefill_size": 32}])
@@ -102,7 +90,7 @@ def test_greedy_matches_hf_under_other_configs(overrides, chat_ids, hf_reference
         results = _ids(other.generate(input_ids=chat_ids, sampling_params=GREEDY))
         for got, expected in zip(results, hf_reference):
             assert got[: len(expected)] == expected
-        _assert_idle_and_sound(other)
+        assert_idle_and_sound(other)
 
 
 def test_repeated_and_shared_prefix_hit_the_cache(engine: Engine) -> None:
@@ -114,7 +102,7 @@ def test_repeated_and_shared_prefix_hit_the_cache(engine: Engine) -> None:
     assert second["meta_info"]["cached_tokens"] > 0 and second["output_ids"] == first["output_ids"]
     other = engine.generate(system + "What is the longest river?", GREEDY)
     assert other["meta_info"]["cached_tokens"] >= len(engine.tokenizer_manager.tokenizer(system)["input_ids"]) - 1
-    _assert_idle_and_sound(engine)
+    assert_idle_and_sound(engine)
 
 
 def _mixed_prompts(n: int) -> list[str]:
@@ -126,7 +114,7 @@ def test_64_concurrent_requests_finish(engine: Engine) -> None:
     params = [{"temperature": 0, "max_new_tokens": 4 + i % 13, "ignore_eos": True} for i in range(64)]
     results = engine.generate(_mixed_prompts(64), params)
     assert [r["meta_info"]["completion_tokens"] for r in results] == [p["max_new_tokens"] for p in params]
-    _assert_idle_and_sound(engine)
+    assert_idle_and_sound(engine)
 
 
 def test_tiny_pool_still_finishes_everything(chat_ids) -> None:
@@ -134,7 +122,7 @@ def test_tiny_pool_still_finishes_everything(chat_ids) -> None:
         params = {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True}
         results = small.generate(_mixed_prompts(24), params)
         assert all(r["meta_info"]["finish_reason"]["type"] == "length" for r in results)
-        _assert_idle_and_sound(small)
+        assert_idle_and_sound(small)
 
 
 def test_killed_scheduler_fails_pending_calls() -> None:

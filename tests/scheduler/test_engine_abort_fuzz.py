@@ -15,6 +15,7 @@ import time
 import pytest
 
 from runtime import Engine
+from tests.engine_checks import assert_idle_and_sound
 
 pytestmark = pytest.mark.slow
 
@@ -62,12 +63,4 @@ def test_abort_fuzz_through_the_engine(tiny_model: str, overlap: bool) -> None:
             timer.join(timeout=5)
         assert len(outcomes) == 40
         assert set(outcomes.values()) <= {"length", "abort", "disconnected"}
-        deadline = time.monotonic() + 10
-        state = engine.get_state()
-        while state["running"] or state["waiting"]:
-            assert time.monotonic() < deadline, state
-            time.sleep(0.05)
-            state = engine.get_state()
-        assert state["integrity"] == "ok", state
-        assert state["kv_available"] + state["kv_evictable"] == state["kv_total"], state
-        assert state["rows_free"] == state["rows_total"], state
+        assert_idle_and_sound(engine)
