@@ -122,7 +122,7 @@ class Engine:
 
     async def _open(self, body: dict[str, Any]) -> AsyncIterator[GenerateOutput]:
         # NOTE: on the loop thread: the tokenizer and the request table belong to it.
-        return self.tokenizer_manager.generate(body)
+        return await self.tokenizer_manager.generate(body)
 
     def _iterate(self, results: AsyncIterator[GenerateOutput]) -> Iterator[dict[str, Any]]:
         try:

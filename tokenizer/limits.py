@@ -1,9 +1,9 @@
 """Everything a generation request must satisfy before it is sent to the scheduler.
 
 Each failure is an `InvalidRequest` naming the field, so the HTTP layer answers 400 and nothing
-reaches the scheduler: sampling values, the grammar (compiled in a guarded worker process, see
-`runtime.grammar_check`), token ids inside the vocabulary, the context length, the KV pool, and
-the server's caps on `n` and `top_logprobs_num`.
+reaches the scheduler: sampling values, token ids inside the vocabulary, the context length, the
+KV pool, the server's caps on `n` and `top_logprobs_num`, and (asynchronously, built in a guarded
+worker process, see `runtime.grammar_check`) the grammar.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from runtime.errors import InvalidRequest
-from runtime.grammar_check import grammar_spec, validate_grammar
+from runtime.grammar_check import grammar_spec, validate_grammar_async
 from runtime.sampling import SamplingParams
 from tokenizer.io import SingleRequest
 
@@ -26,11 +26,9 @@ class RequestLimits:
 
 
 def check_request(single: SingleRequest, ids: list[int], params: SamplingParams, lim: RequestLimits) -> None:
-    """Raise `InvalidRequest` (naming the field) for anything the runtime must not be sent."""
+    """Raise `InvalidRequest` (naming the field) for anything the runtime must not be sent;
+    the grammar is checked separately, off the event loop (`check_grammar`)."""
     params.validate(lim.vocab_size)
-    spec = grammar_spec(params)
-    if spec is not None:
-        validate_grammar(spec)
     _check_lengths(single.prompt_field, ids, params.max_new_tokens, lim)
     if params.n > lim.max_n:
         raise InvalidRequest(f"n must be <= {lim.max_n}, got {params.n}", param="n")
@@ -40,6 +38,14 @@ def check_request(single: SingleRequest, ids: list[int], params: SamplingParams,
     if single.logprob_start_len >= len(ids):
         raise InvalidRequest(f"logprob_start_len must be < the prompt length {len(ids)}",
                              param="logprob_start_len")
+
+
+async def check_grammar(params: SamplingParams) -> None:
+    """Raise `InvalidRequest` naming `json_schema` / `regex` / `ebnf` if the grammar is invalid,
+    too big, or too slow to build (the check runs in a worker process with a timeout)."""
+    spec = grammar_spec(params)
+    if spec is not None:
+        await validate_grammar_async(spec)
 
 
 def _check_lengths(field: str, ids: list[int], max_new: int, lim: RequestLimits) -> None:

@@ -36,7 +36,7 @@ from runtime.sampling import SamplingParams
 from tokenizer.io import (
     Group, ReqState, SingleRequest, apply_output, build_output, normalize_generate,
 )
-from tokenizer.limits import RequestLimits, check_request
+from tokenizer.limits import RequestLimits, check_grammar, check_request
 
 logger = logging.getLogger("radixserve.tokenizer")
 
@@ -117,11 +117,13 @@ class TokenizerManager:
 
     # ------------------------------------------------------------ generation
 
-    def generate(self, body: dict[str, Any]) -> AsyncIterator[GenerateOutput]:
-        """Validate and tokenize a /generate body now, and return the iterator of its results.
+    async def generate(self, body: dict[str, Any]) -> AsyncIterator[GenerateOutput]:
+        """Validate and tokenize a /generate body, and return the iterator of its results.
 
         Everything is checked before anything is sent, so `InvalidRequest` (or `RuntimeCrashed`)
-        raises here, before iteration, and a bad prompt in a batch rejects the whole batch.
+        raises from this await, before iteration, and a bad prompt in a batch rejects the whole
+        batch. Grammars are checked off the event loop (a guarded worker process): a slow or
+        pathological schema delays only its own request.
         Iteration yields, for a single prompt with n=1: cumulative chunks while streaming and
         then the final result (exactly one result without streaming); for a batch or n>1: one
         list without streaming, or chunks tagged with "index" (prompt-major: i * n + j).
@@ -130,6 +132,9 @@ class TokenizerManager:
         self._check_alive()
         normalized = normalize_generate(body)
         prepared = [self._prepare(single) for single in normalized.requests]
+        for p in prepared:
+            await check_grammar(p.req.sampling_params)
+        self._check_alive()  # the runtime may have died while the grammar check ran
         rids = [r for p in prepared for r in self._rids_of(p)]
         taken = [r for r in rids if r in self.rid_to_state]
         if taken or len(set(rids)) != len(rids):

@@ -60,7 +60,7 @@ async def health_generate(server: ServerState) -> bool:
     tm = server.accepting_manager()
     body = {"input_ids": [0], "rid": f"{HEALTH_RID_PREFIX}{uuid.uuid4().hex}",
             "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
-    results = tm.generate(body)
+    results = await tm.generate(body)
     with server.track():
         async with contextlib.aclosing(results):  # type: ignore[type-var]
             try:

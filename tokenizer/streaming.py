@@ -2,7 +2,7 @@
 
     return await run_generation(request, server, body, renderer)
 
-- `TokenizerManager.generate(body)` validates at call time, so a bad request raises
+- `await TokenizerManager.generate(body)` validates everything first, so a bad request raises
   `InvalidRequest` (-> 400) before any response byte is sent.
 - The results iterator is consumed inside `contextlib.aclosing`. NOTE: this is how a client that
   goes away aborts its request, in one place for every route and every state: aiohttp runs with
@@ -75,7 +75,7 @@ async def run_generation(
     """Start a generation and answer it, streamed or not; see the module docstring."""
     tm = server.accepting_manager()
     try:
-        results = tm.generate(body)
+        results = await tm.generate(body)
     except InvalidRequest as exc:
         raise renderer.translate(exc) from None
     with server.track():

@@ -39,7 +39,7 @@ class FakeManager:
     def __init__(self, failure: BaseException, after_one_chunk: bool) -> None:
         self.failure, self.after_one_chunk = failure, after_one_chunk
 
-    def generate(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    async def generate(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         if not self.after_one_chunk:
             raise self.failure
 

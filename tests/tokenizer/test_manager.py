@@ -157,7 +157,7 @@ def test_cancelled_consumer_sends_abort(engine: Engine) -> None:
     started = threading.Event()
 
     async def consume() -> None:
-        async for _ in tm.generate({"input_ids": [9, 8, 7], "rid": "cancel-me", "stream": True,
+        async for _ in await tm.generate({"input_ids": [9, 8, 7], "rid": "cancel-me", "stream": True,
                                     "sampling_params": {"max_new_tokens": 200}}):
             started.set()
 

@@ -12,11 +12,13 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import openai
 import pytest
+import requests
 
 from tests.tokenizer.http_helpers import RunningServer, post, sse_events, wait_idle
 
@@ -167,6 +169,33 @@ def test_grammar_invalid_grammars_are_400_while_a_request_runs(server: RunningSe
     assert last["meta_info"]["finish_reason"] == {"type": "length", "length": 48}
     state = wait_idle(server)
     assert state["integrity"] == "ok"
+
+
+def test_grammar_pathological_schema_does_not_stall_the_server(server: RunningServer) -> None:
+    """Arrays nested 600 deep take ~20 s to build: the check times out in its worker process
+    (a 400 naming json_schema) while the event loop keeps answering everyone else."""
+    schema: dict[str, Any] = {"type": "integer"}
+    for _ in range(600):
+        schema = {"type": "array", "items": schema}
+    verdict: dict[str, Any] = {}
+
+    def pathological() -> None:
+        verdict["resp"] = post(server, "/generate", {"text": "x", "sampling_params": {"json_schema": schema}})
+
+    thread = threading.Thread(target=pathological)
+    thread.start()
+    try:
+        slowest = 0.0
+        while thread.is_alive():
+            start = time.monotonic()
+            assert requests.get(server.url + "/health", timeout=10).status_code == 200
+            slowest = max(slowest, time.monotonic() - start)
+            time.sleep(0.05)
+    finally:
+        thread.join(60)
+    resp = verdict["resp"]
+    assert resp.status_code == 400 and resp.json()["error"]["param"].endswith("json_schema"), resp.text
+    assert slowest < 0.5, f"the event loop stalled for {slowest:.2f} s during the grammar check"
 
 
 # ---------------------------------------------------------------- tool calls
