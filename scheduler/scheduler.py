@@ -155,6 +155,9 @@ class Scheduler:
         if self.chunked is not None and msg.matches(self.chunked.rid):
             req, self.chunked = self.chunked, None
             self.finish_now(req, "aborted by request")
+        # Admitted into a prefill still in flight (overlap): in no queue yet, but holding a row.
+        for req in [r for r in self.holding.values() if msg.matches(r.rid) and not r.finished]:
+            self.finish_now(req, "aborted by request")
 
     def handle_flush(self, msg: FlushCacheReq) -> None:
         if not self.is_idle:

@@ -181,3 +181,17 @@ def test_retraction_keeps_outputs_identical(tiny_model: str, overlap: bool) -> N
     assert sched.retractions > 0
     for i in range(len(prompts)):
         assert results[f"t{i}"]["ids"] == expected[i] and results[f"t{i}"]["finishes"] == 1
+
+
+def test_abort_of_a_prefill_in_flight_under_overlap(tiny_model: str) -> None:
+    """Aborted while its prefill runs on the forward thread: it is in no queue, but holds a row."""
+    sched, io = make(tiny_model, disable_overlap_schedule=False)
+    submit(io, "inflight", [5, 6, 7, 8], max_new_tokens=50)
+    with ThreadPoolExecutor(max_workers=1) as worker:
+        pending = sched.overlap_step(worker, None)
+        assert pending is not None and pending[0].is_prefill
+        io.inbox.append(AbortReq("inflight"))
+        pending = sched.overlap_step(worker, pending)
+        assert pending is None
+    results = run_until_idle(sched, io)
+    assert results["inflight"]["finish"]["type"] == "abort" and results["inflight"]["finishes"] == 1
