@@ -117,9 +117,11 @@ class Scheduler:
 
     @property
     def is_idle(self) -> bool:
+        # NOTE: `holding` also covers requests admitted into a prefill still in flight (overlap),
+        # which are in no queue yet.
         return (
             not self.waiting and not self.running and self.chunked is None and not self.finished_out
-            and not self.grammars.pending
+            and not self.grammars.pending and not self.holding
         )
 
     def admit_compiled_grammars(self) -> None:

@@ -195,3 +195,18 @@ def test_abort_of_a_prefill_in_flight_under_overlap(tiny_model: str) -> None:
         assert pending is None
     results = run_until_idle(sched, io)
     assert results["inflight"]["finish"]["type"] == "abort" and results["inflight"]["finishes"] == 1
+
+
+def test_flush_refused_while_a_prefill_is_in_flight(tiny_model: str) -> None:
+    sched, io = make(tiny_model, disable_overlap_schedule=False)
+    submit(io, "a", [5, 6, 7, 8], max_new_tokens=3)
+    with ThreadPoolExecutor(max_workers=1) as worker:
+        pending = sched.overlap_step(worker, None)
+        assert pending is not None and not sched.is_idle
+        io.inbox.append(FlushCacheReq(7))
+        pending = sched.overlap_step(worker, pending)
+        assert io.control[-1].req_id == 7 and not io.control[-1].success
+        while pending is not None or not sched.is_idle:
+            pending = sched.overlap_step(worker, pending)
+    assert collect(io)["a"]["finishes"] == 1
+    sched.check_idle_integrity()
