@@ -26,11 +26,11 @@ from typing import Any
 
 from runtime.codec import TypeDispatcher, encode
 from runtime.config import ServerConfig, read_model_json
-from runtime.ipc import IpcDir, PullSocket, PushSocket, new_context
 from runtime.messages import (
     AbortReq, BatchTokenOut, ChildReady, FlushCacheOut, FlushCacheReq, GenerateReq, GetStateReq,
     SchedulerCrashed, ShutdownReq, StateOut,
 )
+from scheduler.process import SocketIO
 
 logger = logging.getLogger("radixserve.fake_scheduler")
 STEP_S = 0.01
@@ -57,11 +57,7 @@ class FakeScheduler:
     """The loop: drain messages, one step for all running requests, one BatchTokenOut."""
 
     def __init__(self, ipc_path: str) -> None:
-        ipc = IpcDir(ipc_path)
-        self.ctx = new_context()
-        self.inbox = PullSocket(self.ctx, ipc.endpoint("scheduler"), bind=True)
-        self.to_detok = PushSocket(self.ctx, ipc.endpoint("detokenizer"))
-        self.to_tokenizer = PushSocket(self.ctx, ipc.endpoint("tokenizer"))
+        self.io = SocketIO(ipc_path)  # the real scheduler's socket wiring
         self.running: dict[str, _Req] = {}
         self.received: list[list[str]] = []
         self.seeds: dict[str, int | None] = {}
@@ -73,7 +69,7 @@ class FakeScheduler:
 
     def run(self) -> None:
         while self.alive:
-            msgs = self.inbox.drain() if self.running else _block(self.inbox)
+            msgs = self.io.recv(block=not self.running)
             for msg in msgs:
                 self.received.append([type(msg).__name__, getattr(msg, "rid", "")])
                 self.dispatch(msg)
@@ -95,11 +91,11 @@ class FakeScheduler:
                 req.finish = {"type": "abort", "message": "Aborted by AbortReq."}
 
     def on_flush(self, msg: FlushCacheReq) -> None:
-        self.to_tokenizer.send(FlushCacheOut(msg.req_id, success=not self.running))
+        self.io.send_control(FlushCacheOut(msg.req_id, success=not self.running))
 
     def on_state(self, msg: GetStateReq) -> None:
         state = {"received": self.received, "running": sorted(self.running), "seeds": self.seeds}
-        self.to_tokenizer.send(StateOut(msg.req_id, state))
+        self.io.send_control(StateOut(msg.req_id, state))
 
     def on_shutdown(self, _: ShutdownReq) -> None:
         self.alive = False
@@ -114,17 +110,10 @@ class FakeScheduler:
         for req in self.running.values():
             _append(out, req)
         self.running = {rid: r for rid, r in self.running.items() if r.finish is None}
-        self.to_detok.send(out)
+        self.io.send_tokens(out)
 
     def close(self) -> None:
-        for sock in (self.inbox, self.to_detok, self.to_tokenizer):
-            sock.close()
-        self.ctx.term()
-
-
-def _block(inbox: PullSocket) -> list[Any]:
-    first = inbox.recv(timeout_ms=200)
-    return [] if first is None else [first, *inbox.drain()]
+        self.io.close()
 
 
 def _advance(req: _Req) -> None:
@@ -197,7 +186,7 @@ def run_fake_scheduler(config: ServerConfig, ipc_path: str, ready_conn: Connecti
     except Exception:
         tb = traceback.format_exc()
         logger.error("fake scheduler crashed:\n%s", tb)
-        sched.to_tokenizer.send(SchedulerCrashed("scheduler", tb))
+        sched.io.send_control(SchedulerCrashed("scheduler", tb))
         sched.close()
         sys.exit(1)
     sched.close()
