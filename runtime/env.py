@@ -6,6 +6,7 @@ time, so tests can set a variable with `monkeypatch.setenv` and see it take effe
 | variable                | type | default               | meaning                                  |
 |-------------------------|------|-----------------------|------------------------------------------|
 | `RADIXSERVE_CACHE_DIR`  | path | `~/.cache/radixserve` | where converted models and caches live   |
+| `RADIXSERVE_CPU_CAPABILITY` | `auto`, `avx2`, `avx512`, `avx512_bf16`, `amx` | `auto` | override what `runtime.device` reads of the CPU (dtype and prepacking choices) |
 """
 
 from __future__ import annotations

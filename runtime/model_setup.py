@@ -7,6 +7,7 @@ the model path, device, dtype, attention backend, chunk size and KV capacity mad
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -17,6 +18,8 @@ from runtime.device import DTYPES, dtype_name, resolve_attention_backend, resolv
 from runtime.errors import InvalidRequest
 from runtime.kv_pool import KVPool, ReqToTokenPool
 from runtime.models.config import ModelConfig
+
+logger = logging.getLogger("radixserve.setup")
 
 CPU_DEFAULT_KV_TOKENS = 65536
 CPU_DEFAULT_MAX_RUNNING = 256
@@ -34,8 +37,9 @@ def resolve_config(config: ServerConfig) -> ServerConfig:
         model_path = ensure_default_model()
     model_config = ModelConfig.from_hf(read_model_json(model_path, "config.json"))
     device = resolve_device(config.device)
-    dtype = resolve_dtype(config.dtype, model_config.torch_dtype, device)
+    dtype, why = resolve_dtype(config.dtype, model_config.torch_dtype, device)
     kv_dtype = dtype if config.kv_cache_dtype == "auto" else DTYPES[config.kv_cache_dtype]
+    logger.info("dtype %s, KV cache %s (%s)", dtype_name(dtype), dtype_name(kv_dtype), why)
     chunk = config.chunked_prefill_size
     if chunk is None:
         chunk = CUDA_DEFAULT_CHUNK if device.type == "cuda" else CPU_DEFAULT_CHUNK
@@ -101,7 +105,7 @@ def load_model_for_serving(config: ServerConfig) -> LoadedModel:
     device = torch.device(config.device)
     dtype = DTYPES[config.dtype]
     model = load_model(
-        config.model_path, model_config, dtype, device, load_format=config.load_format, seed=config.random_seed
+        config.model_path, model_config, dtype, device, load_format=config.load_format, seed=config.random_seed,
     )
     kv_dtype = DTYPES[config.kv_cache_dtype]
     ps = config.page_size

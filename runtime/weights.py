@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import torch
 
+from runtime.device import should_prepack
 from runtime.models import CausalLM, ModelConfig, build_model
 
 SINGLE_FILE = "model.safetensors"
@@ -51,11 +52,13 @@ def load_model(
     device: torch.device,
     load_format: str = "auto",
     seed: int = 0,
+    prepack: bool | None = None,
 ) -> CausalLM:
     """Build the model on `device`, fill its weights, prepack them, and return it ready to run.
 
     load_format "auto" reads the safetensors in `model_path`; "dummy" fills random weights
-    (normal, std 0.02; norms 1) from `seed` without reading any file.
+    (normal, std 0.02; norms 1) from `seed` without reading any file. `prepack`: pack the linear
+    weights for the device; None: where `runtime.device.should_prepack` says it pays.
     """
     if load_format not in ("auto", "dummy"):
         raise ValueError(f"load_format must be 'auto' or 'dummy', got {load_format!r}")
@@ -66,7 +69,8 @@ def load_model(
         if model_path is None:
             raise ValueError("model_path is required unless load_format='dummy'")
         model.load_weights(iter_safetensors(model_path))
-    model.pack()
+    if should_prepack(device, dtype) if prepack is None else prepack:
+        model.pack()
     return model.eval()
 
 

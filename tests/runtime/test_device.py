@@ -1,0 +1,153 @@
+"""CPU capability reading, the dtype `auto` picks, and the AVX2 branch run in emulation.
+
+The decision functions are pure over their readings, so every CPU's branch is checked here on
+any CPU. What depends on the real hardware is asserted for the CPU the test runs on, and on a CPU
+with native bf16 the AVX2 branch runs as well, in a subprocess with torch and oneDNN limited to
+AVX2 (`runtime.device.emulation_env`), which reproduces that CPU's behaviour (oneDNN refuses
+to pack bf16; bf16 matmuls are emulated).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from runtime.device import (
+    CpuCapability,
+    cpu_capability,
+    detect_cpu_capability,
+    emulation_env,
+    read_cpu_flags,
+    resolve_dtype,
+    should_prepack,
+)
+
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")
+ROOT = Path(__file__).resolve().parents[2]
+ZEN3_FLAGS = "flags\t\t: fpu sse sse2 ssse3 sse4_1 sse4_2 avx f16c fma avx2 bmi2 sha_ni\n"
+ZEN4_FLAGS = "flags\t\t: fpu sse avx avx2 avx512f avx512dq avx512bw avx512_bf16 avx512_vnni\n"
+SPR_FLAGS = "flags\t\t: avx2 avx512f avx512_bf16 avx512_fp16 amx_bf16 amx_tile amx_int8\n"
+
+
+def cap(torch_isa: str, cpuinfo: str, override: str = "", onednn: str | None = None) -> CpuCapability:
+    return detect_cpu_capability(torch_isa, cpuinfo, override, onednn)
+
+
+# ---- pure decisions, every CPU's branch -------------------------------------------------------
+
+def test_flags_are_read_from_the_first_flags_line():
+    assert read_cpu_flags("processor: 0\n" + ZEN4_FLAGS + ZEN3_FLAGS) == {"avx2", "avx512f", "avx512_bf16"}
+    assert read_cpu_flags("") == frozenset()
+
+
+@pytest.mark.parametrize("torch_isa,cpuinfo,onednn,native", [
+    ("AVX2", ZEN3_FLAGS, None, False),  # AMD Zen 3: AVX2 only
+    ("AVX512", ZEN4_FLAGS, None, True),  # AVX-512 with bf16
+    ("AVX512", SPR_FLAGS, None, True),  # AMX
+    ("AVX512", "flags: avx2 avx512f avx512bw\n", None, False),  # AVX-512 without bf16
+    ("AVX2", ZEN4_FLAGS, None, False),  # torch limited by ATEN_CPU_CAPABILITY=avx2
+    ("AVX512", ZEN4_FLAGS, "AVX2", False),  # oneDNN limited by ONEDNN_MAX_CPU_ISA
+    ("AVX512", ZEN4_FLAGS, "AVX512_CORE_BF16", True),
+    ("DEFAULT", "", None, False),  # no vector ISA at all
+])
+def test_native_bf16(torch_isa, cpuinfo, onednn, native):
+    c = cap(torch_isa, cpuinfo, onednn=onednn)
+    assert c.native_bf16 is native
+    assert c.source == "detected"
+    dtype, why = resolve_dtype("auto", "bfloat16", CPU, c)
+    assert dtype == (torch.bfloat16 if native else torch.float32)
+    assert c.describe() in why  # the startup line names the CPU behind the choice
+    assert should_prepack(CPU, torch.bfloat16, c) is native
+    assert should_prepack(CPU, torch.float32, c)
+
+
+def test_fp16_is_native_only_with_fp16_hardware():
+    assert cap("AVX512", SPR_FLAGS).native_fp16
+    assert not cap("AVX512", ZEN4_FLAGS).native_fp16
+    assert not should_prepack(CPU, torch.float16, cap("AVX512", ZEN4_FLAGS))
+
+
+@pytest.mark.parametrize("override,native", [("avx2", False), ("avx512", False), ("avx512_bf16", True), ("amx", True), ("AVX2", False)])
+def test_override_replaces_the_reading(override, native):
+    c = cap("AVX512", ZEN4_FLAGS, override=override)
+    assert c.native_bf16 is native
+    assert c.source == f"RADIXSERVE_CPU_CAPABILITY={override.lower()}"
+    assert cap("AVX2", ZEN3_FLAGS, override="auto").source == "detected"
+
+
+def test_bad_override_names_the_variable():
+    with pytest.raises(ValueError, match="RADIXSERVE_CPU_CAPABILITY must be one of auto, avx2"):
+        cap("AVX2", ZEN3_FLAGS, override="sse")
+
+
+def test_auto_dtype_on_cpu_ignores_the_checkpoint_dtype():
+    for checkpoint in ("float32", "bfloat16", "float16", None):
+        assert resolve_dtype("auto", checkpoint, CPU, cap("AVX2", ZEN3_FLAGS))[0] == torch.float32
+        assert resolve_dtype("auto", checkpoint, CPU, cap("AVX512", ZEN4_FLAGS))[0] == torch.bfloat16
+
+
+def test_explicit_dtype_and_cuda_auto():
+    zen3 = cap("AVX2", ZEN3_FLAGS)
+    assert resolve_dtype("bfloat16", "float32", CPU, zen3) == (torch.bfloat16, "as asked")
+    assert resolve_dtype("auto", "float32", CUDA, zen3)[0] == torch.bfloat16
+    assert resolve_dtype("auto", "float16", CUDA, zen3)[0] == torch.float16
+    assert not should_prepack(CUDA, torch.float32, zen3)
+
+
+def test_only_avx2_can_be_emulated():
+    assert emulation_env("avx2") == {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    with pytest.raises(ValueError):
+        emulation_env("avx512_bf16")
+
+
+# ---- this CPU --------------------------------------------------------------------------------
+
+def test_this_cpu_reading_matches_cpuinfo():
+    c = cpu_capability()
+    override = os.environ.get("RADIXSERVE_CPU_CAPABILITY", "auto").lower()
+    if override not in ("", "auto"):
+        assert c.source == f"RADIXSERVE_CPU_CAPABILITY={override}"
+        return
+    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    has_bf16 = bool({"avx512_bf16", "amx_bf16"} & read_cpu_flags(text))
+    limited = os.environ.get("ATEN_CPU_CAPABILITY", "").lower() == "avx2" or (
+        os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper() == "AVX2"
+    )
+    assert c.native_bf16 is (has_bf16 and not limited), c.describe()
+
+
+def test_resolved_default_config_uses_the_native_dtype(default_model_path):
+    """The default model (a bf16 checkpoint) served with `--dtype auto` on this CPU."""
+    from runtime.config import ServerConfig
+    from runtime.model_setup import resolve_config
+
+    resolved = resolve_config(ServerConfig(model_path=default_model_path, device="cpu"))
+    want = "bfloat16" if cpu_capability().native_bf16 else "float32"
+    assert (resolved.dtype, resolved.kv_cache_dtype) == (want, want)
+
+
+@pytest.mark.slow
+def test_avx2_branch_runs_in_emulation():
+    """On a CPU with native bf16, rerun the CPU-dependent tests as on an AVX2-only CPU."""
+    if not cpu_capability().native_bf16:
+        # This CPU *is* the AVX2 branch, which the rest of this run already tested; the native
+        # branch is covered by the pure decision tests above (it cannot be emulated from here).
+        assert not should_prepack(CPU, torch.bfloat16)
+        return
+    env = {**os.environ, **emulation_env("avx2")}
+    env.pop("RADIXSERVE_CPU_CAPABILITY", None)
+    probe = "from runtime.device import cpu_capability as c; print(c().native_bf16, c().isa)"
+    out = subprocess.run([sys.executable, "-c", probe], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["False", "avx2"], out.stderr
+    tests = ["tests/kernels/test_linear.py", "tests/runtime/test_device.py", "-k", "not avx2_branch_runs"]
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert " passed" in run.stdout and "skipped" not in run.stdout
