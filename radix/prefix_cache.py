@@ -46,6 +46,7 @@ class BasePrefixCache(ABC):
         assert page_size == allocator.page_size, f"page_size {page_size} != {allocator.page_size}"
         self.allocator = allocator
         self.page_size = page_size
+        self.evicted_tokens = 0  # cached tokens evicted to make room (not counting flushes)
 
     @property
     def total(self) -> int:
@@ -222,7 +223,9 @@ class RadixPrefixCache(BasePrefixCache):
         return self.tree.protected_size
 
     def _evict(self, num_tokens: int) -> None:
-        self.allocator.free(self.tree.evict(num_tokens))
+        freed = self.tree.evict(num_tokens)
+        self.evicted_tokens += len(freed)
+        self.allocator.free(freed)
 
     def match(self, tokens: Sequence[int], extra_key: str | None = None) -> MatchResult:
         return self.tree.match_prefix(tokens, extra_key)
@@ -257,7 +260,7 @@ class RadixPrefixCache(BasePrefixCache):
     def flush(self) -> bool:
         prot = self.tree.protected_size
         assert prot == 0, f"flush with {prot} protected tokens: requests still hold the cache"
-        self._evict(self.tree.total_size)
+        self.allocator.free(self.tree.evict(self.tree.total_size))
         assert self.tree.total_size == 0, f"flush left {self.tree.total_size} tokens in the tree"
         self.tree.reset()
         return True

@@ -40,6 +40,7 @@ import signal
 import threading
 from collections import OrderedDict
 from multiprocessing.connection import Connection
+from collections.abc import Callable
 from typing import Any, Literal, NamedTuple
 
 from runtime.errors import InvalidRequest
@@ -126,8 +127,10 @@ def precheck(spec: GrammarSpec) -> str | None:
     return None
 
 
-def _worker_main(conn: Connection) -> None:
-    """Worker loop: receive (kind, source), answer None (valid) or the error text."""
+def _worker_main(conn: Connection, build: Callable[[GrammarSpec], Any] = build_grammar) -> None:
+    """Worker loop: receive (kind, source), answer None (valid) or the error text.
+
+    `build` is `build_grammar`; tests pass a module-level function that adds a delay."""
     from runtime.procutil import watch_parent
 
     # The parent owns shutdown: it closes the pipe (EOF below), dies (the watch exits us), or
@@ -144,7 +147,7 @@ def _worker_main(conn: Connection) -> None:
         except (EOFError, OSError):
             return
         try:
-            build_grammar(GrammarSpec(kind, source))
+            build(GrammarSpec(kind, source))
             conn.send(None)
         except Exception as e:  # noqa: BLE001  (any failure is the grammar's verdict)
             conn.send(clean_error(e))
@@ -153,7 +156,8 @@ def _worker_main(conn: Connection) -> None:
 class _Worker:
     """One validation process; (re)started on demand, killed on timeout."""
 
-    def __init__(self) -> None:
+    def __init__(self, build: Callable[[GrammarSpec], Any]) -> None:
+        self.build = build
         self.proc: multiprocessing.process.BaseProcess | None = None
         self.conn: Connection | None = None
 
@@ -181,7 +185,7 @@ class _Worker:
         self.kill()
         ctx = multiprocessing.get_context("spawn")
         parent, child = ctx.Pipe()
-        proc = ctx.Process(target=_worker_main, args=(child,), name="grammar-check", daemon=True)
+        proc = ctx.Process(target=_worker_main, args=(child, self.build), name="grammar-check", daemon=True)
         proc.start()
         child.close()
         self.proc, self.conn = proc, parent
@@ -206,18 +210,22 @@ class _Worker:
 class GrammarChecker:
     """Validates grammar specs in a worker process, under a timeout, with an LRU of verdicts.
 
-    Thread-safe: checks from several threads queue for the one worker.
+    Thread-safe: checks from several threads queue for the one worker. `build` runs in the
+    worker (a picklable module-level function; tests inject a slow one).
     """
 
     def __init__(
-        self, timeout_s: float = CHECK_TIMEOUT_S, cache_entries: int = VERDICT_CACHE_ENTRIES
+        self,
+        timeout_s: float = CHECK_TIMEOUT_S,
+        cache_entries: int = VERDICT_CACHE_ENTRIES,
+        build: Callable[[GrammarSpec], Any] = build_grammar,
     ) -> None:
         self.timeout_s = timeout_s
         self.cache_entries = cache_entries
         self._verdicts: OrderedDict[GrammarSpec, str | None] = OrderedDict()
         self._cache_lock = threading.Lock()
         self._worker_lock = threading.Lock()
-        self._worker = _Worker()
+        self._worker = _Worker(build)
 
     def validate(self, spec: GrammarSpec) -> None:
         """Raise `InvalidRequest` (param: the grammar's field) when `spec` is not a valid grammar.

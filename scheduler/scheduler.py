@@ -386,6 +386,7 @@ class Scheduler:
             "rows_free": self.rows.available(),
             "integrity": integrity,
             "retractions": self.retractions,
+            "evicted_tokens": self.cache.evicted_tokens,
             "new_token_ratio": self.ratio.value,
             "busy_s": self.busy_s,
             "forward_s": self.runner.forward_s,

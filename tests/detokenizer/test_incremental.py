@@ -3,10 +3,8 @@ byte-level BPE tokenizer (emoji and CJK characters span several tokens)."""
 
 from __future__ import annotations
 
-import os
 import random
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +13,6 @@ from detokenizer.incremental import DecodeOptions, DecodeState, DecodeStateTable
 from runtime.stop import find_stop, max_stop_len, partial_stop_suffix_len
 
 FFFD = "\ufffd"
-TMP_MODEL = Path(os.path.expanduser("~/.cache/radixserve/tmp-smollm2"))
 IM_START, IM_END = 1, 2
 
 TEXTS = [
@@ -31,26 +28,13 @@ TEXTS = [
 ]
 
 
-def _model_path(request: pytest.FixtureRequest) -> Path:
-    try:
-        return Path(request.getfixturevalue("default_model_path"))
-    except (pytest.FixtureLookupError, pytest.fail.Exception):
-        pass
-    try:
-        from runtime.default_model import ensure_default_model
-
-        return Path(ensure_default_model())
-    except Exception:
-        return TMP_MODEL
-
-
 @pytest.fixture(scope="module")
-def tokenizer(request: pytest.FixtureRequest) -> Any:
-    transformers = pytest.importorskip("transformers")
-    path = _model_path(request)
-    if not path.is_dir():
-        pytest.skip(f"no default model tokenizer at {path}")
-    return transformers.AutoTokenizer.from_pretrained(str(path))
+def tokenizer(default_model_path: str) -> Any:
+    """The default model's tokenizer: transformers and the model are hard dependencies, so a
+    broken install fails here loudly instead of skipping."""
+    import transformers
+
+    return transformers.AutoTokenizer.from_pretrained(default_model_path)
 
 
 def _encode(tok: Any, text: str) -> list[int]:

@@ -113,7 +113,7 @@ def test_unconstrained_program(unconstrained: dict[str, Any], frontend_server: R
     p.assert_none()
 
 
-@pytest.mark.xfail(strict=False, reason=(
+@pytest.mark.xfail(strict=True, reason=(
     "we follow SGLang's logprob format (the entry at logprob_start_len is None); this method "
     "takes np.mean over every entry and fails with a TypeError against SGLang 0.4.6's own "
     "server in the same way"))
@@ -131,7 +131,7 @@ def test_select_greedy_token_selection(unconstrained: dict[str, Any],
     p.assert_none()
 
 
-@pytest.mark.xfail(strict=False, reason=(
+@pytest.mark.xfail(strict=True, reason=(
     "we follow SGLang's logprob format (logprob_start_len -1 scores the last prompt token as "
     "[None, id, text]); the method's arithmetic then meets None and fails with a TypeError "
     "against SGLang 0.4.6's own server in the same way"))

@@ -21,6 +21,7 @@ from runtime.engine import Engine
 from runtime.errors import RuntimeCrashed
 from runtime.launch import LaunchError, launch_runtime
 from runtime import launch
+from tests.runtime.faulty_scheduler import FAULT_MESSAGE, FAULT_PROMPT, run_faulty_scheduler
 from tests.runtime.fake_scheduler import (
     EXIT_CODE, orphan_middle, run_dying_scheduler, run_fake_scheduler, run_sleepy_scheduler,
 )
@@ -61,7 +62,8 @@ def _gone(pid: int) -> bool:
 
 
 def _pending_generate(engine: Engine) -> tuple[threading.Thread, dict[str, Any]]:
-    """A long request running in a thread; its exception lands in the returned dict."""
+    """A long request running in a thread; its exception lands in the returned dict. (The fake
+    scheduler's state lists running rids; the real one's counts them.)"""
     box: dict[str, Any] = {}
 
     def work() -> None:
@@ -73,7 +75,11 @@ def _pending_generate(engine: Engine) -> tuple[threading.Thread, dict[str, Any]]
 
     worker = threading.Thread(target=work)
     worker.start()
-    _wait_for(lambda: "victim" in engine.get_state()["running"], "the request to run")
+    def running() -> bool:
+        state = engine.get_state()["running"]
+        return "victim" in state if isinstance(state, list) else state > 0
+
+    _wait_for(running, "the request to run")
     return worker, box
 
 
@@ -87,33 +93,47 @@ def _assert_dead_and_clean(engine: Engine, private_tmp: str) -> None:
     assert os.listdir(private_tmp) == []
 
 
-def test_launch_fails_fast_when_a_child_dies(config: ServerConfig, private_tmp: str) -> None:
-    start = time.monotonic()
+def test_launch_fails_fast_when_a_child_dies(
+    config: ServerConfig, private_tmp: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The death is noticed at once: waiting for the ready timeout would fail with its message."""
+    monkeypatch.setitem(launch.READY_TIMEOUT_S, "scheduler", 120.0)
     with pytest.raises(LaunchError, match=f"scheduler process exited with code {EXIT_CODE}"):
         launch_runtime(config, scheduler_target=run_dying_scheduler)
-    assert time.monotonic() - start < 10
     assert mp.active_children() == [] and os.listdir(private_tmp) == []
 
 
 def test_scheduler_exception_fails_requests(config: ServerConfig, private_tmp: str) -> None:
     engine = Engine.from_config(config, scheduler_target=run_fake_scheduler)
     worker, box = _pending_generate(engine)
-    start = time.monotonic()
     with pytest.raises(RuntimeCrashed, match="scheduler process crashed: RuntimeError"):
         engine.generate(input_ids=[1, 2], rid="crash-now")
     worker.join(WAIT_S)
-    assert isinstance(box.get("error"), RuntimeCrashed)
-    assert time.monotonic() - start < 5 and not engine.is_healthy
+    assert isinstance(box.get("error"), RuntimeCrashed)  # woken by the crash, not left waiting
+    assert not engine.is_healthy
     _assert_dead_and_clean(engine, private_tmp)
+
+
+def test_real_scheduler_forward_exception_fails_requests(config: ServerConfig, private_tmp: str) -> None:
+    """The real scheduler process (real model) whose forward raises: the crash is reported with
+    its traceback, every in-flight request fails, and the tree exits."""
+    engine = Engine.from_config(config, scheduler_target=run_faulty_scheduler)
+    worker, box = _pending_generate(engine)
+    scheduler = engine._runtime.processes["scheduler"]
+    with pytest.raises(RuntimeCrashed, match=f"scheduler process crashed: RuntimeError: {FAULT_MESSAGE}"):
+        engine.generate(input_ids=FAULT_PROMPT + [1, 2], sampling_params={"max_new_tokens": 4})
+    worker.join(WAIT_S)
+    assert isinstance(box.get("error"), RuntimeCrashed)  # the request running beside it fails too
+    assert not engine.is_healthy
+    _assert_dead_and_clean(engine, private_tmp)
+    assert scheduler.exitcode == 1  # the scheduler exits non-zero after reporting
 
 
 def test_killed_scheduler_fails_requests(config: ServerConfig, private_tmp: str) -> None:
     engine = Engine.from_config(config, scheduler_target=run_fake_scheduler)
     worker, box = _pending_generate(engine)
-    start = time.monotonic()
     os.kill(engine._runtime.processes["scheduler"].pid, signal.SIGKILL)
     worker.join(WAIT_S)
-    assert time.monotonic() - start < 5
     error = box.get("error")
     assert isinstance(error, RuntimeCrashed)
     assert "scheduler process exited with code -9" in str(error)
@@ -124,10 +144,8 @@ def test_launch_times_out(
     config: ServerConfig, private_tmp: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(launch.READY_TIMEOUT_S, "scheduler", 1.0)
-    start = time.monotonic()
     with pytest.raises(LaunchError, match="scheduler process was not ready within 1 s"):
         launch_runtime(config, scheduler_target=run_sleepy_scheduler)
-    assert time.monotonic() - start < 10
     assert mp.active_children() == [] and os.listdir(private_tmp) == []
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 
 import pytest
@@ -215,15 +214,8 @@ def _batch(n: int) -> BatchTokenOut:
     )
 
 
-def test_batch_round_trip_is_fast() -> None:
+def test_big_batch_round_trip() -> None:
+    """A 256-request BatchTokenOut survives the codec intact (its speed is not a test matter:
+    a round trip measured tens of microseconds here)."""
     msg = _batch(256)
     assert decode(encode(msg)) == msg
-    reps = 200
-    best = math.inf
-    for _ in range(3):
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            decode(encode(msg))
-        best = min(best, (time.perf_counter() - t0) / reps)
-    print(f"BatchTokenOut x256 encode+decode: {best * 1e6:.1f} us")
-    assert best < 5e-3  # loose: shared CPUs; measured tens of microseconds

@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -20,36 +21,64 @@ from tests.engine_checks import assert_idle_and_sound
 pytestmark = pytest.mark.slow
 
 
-def _client(engine: Engine, i: int, rng: random.Random, outcomes: dict[str, str],
-            timers: list[threading.Timer]) -> None:
+# An aborted request asks for many tokens. When the abort is sent, the TokenizerManager (a few
+# steps behind the scheduler at most) has received `seen` of them; with seen < DECISIVE the
+# request cannot have finished on its own, so it must end as an abort, on any CPU.
+UNFINISHABLE = 400
+DECISIVE = UNFINISHABLE // 2
+
+
+async def _abort_live(manager: Any, rid: str) -> int | None:
+    """Abort `rid` on the engine's loop; the tokens its manager state had received, None when
+    it was no longer live there."""
+    state = manager.rid_to_state.get(rid)
+    seen = None if state is None or state.finished else state.completion_tokens
+    await manager.abort(rid)
+    return seen
+
+
+def _abort(engine: Engine, rid: str) -> str:
+    seen = engine._call(_abort_live(engine.tokenizer_manager, rid))
+    return "decisive" if seen is not None and seen < DECISIVE else "late"
+
+
+def _client(engine: Engine, i: int, rng: random.Random, outcomes: dict[str, str]) -> None:
     rid = f"fuzz{i}"
     prompt = [rng.randrange(3, 300) for _ in range(rng.randrange(1, 80))]
     params = {"max_new_tokens": rng.randrange(1, 60), "ignore_eos": True, "temperature": 0}
     mode = rng.choice(["plain", "abort", "disconnect"])
+    if mode == "plain":
+        result = engine.generate(input_ids=prompt, sampling_params=params, rid=rid)
+        outcomes[rid] = "plain:" + result["meta_info"]["finish_reason"]["type"]
+        return
+    if mode == "abort":
+        params["max_new_tokens"] = UNFINISHABLE
+    stream = engine.generate(input_ids=prompt, sampling_params=params, stream=True, rid=rid)
+    # Leave or abort before the first chunk (waiting, mid-prefill) or after a few (decoding).
+    after = rng.randrange(0, 4)
     if mode == "disconnect":
-        stream = engine.generate(input_ids=prompt, sampling_params=params, stream=True, rid=rid)
         for n, _ in enumerate(stream):
-            if n >= rng.randrange(0, 4):
+            if n >= after:
                 break
         stream.close()  # type: ignore[attr-defined]
         outcomes[rid] = "disconnected"
         return
-    if mode == "abort":
-        timer = threading.Timer(rng.random() * 0.3, engine.abort, args=(rid,))
-        timers.append(timer)
-        timer.start()
-    result = engine.generate(input_ids=prompt, sampling_params=params, rid=rid)
-    outcomes[rid] = result["meta_info"]["finish_reason"]["type"]
+    kind = _abort(engine, rid) if after == 0 else "late"
+    last: dict = {}
+    for n, chunk in enumerate(stream, start=1):
+        if n == after:
+            kind = _abort(engine, rid)
+        last = chunk
+    outcomes[rid] = f"abort-{kind}:" + last["meta_info"]["finish_reason"]["type"]
 
 
 @pytest.mark.parametrize("overlap", [False, True])
 def test_abort_fuzz_through_the_engine(tiny_model: str, overlap: bool) -> None:
     rng = random.Random(11)
     outcomes: dict[str, str] = {}
-    timers: list[threading.Timer] = []
     with Engine(tiny_model, dtype="float32", max_total_tokens=600, chunked_prefill_size=32,
                 max_running_requests=8, disable_overlap_schedule=not overlap) as engine:
-        threads = [threading.Thread(target=_client, args=(engine, i, random.Random(rng.random()), outcomes, timers))
+        threads = [threading.Thread(target=_client, args=(engine, i, random.Random(rng.random()), outcomes))
                    for i in range(40)]
         for t in threads:
             t.start()
@@ -59,8 +88,10 @@ def test_abort_fuzz_through_the_engine(tiny_model: str, overlap: bool) -> None:
         for t in threads:
             t.join(timeout=60)
             assert not t.is_alive(), "a client never got an answer"
-        for timer in timers:  # an abort of a finished request is a no-op, but it must not outlive us
-            timer.join(timeout=5)
         assert len(outcomes) == 40
-        assert set(outcomes.values()) <= {"length", "abort", "disconnected"}
+        modes = {o.split(":")[0] for o in outcomes.values()}
+        assert {"plain", "abort-decisive", "disconnected"} <= modes, outcomes
+        decisive = [o for o in outcomes.values() if o.startswith("abort-decisive:")]
+        assert decisive == ["abort-decisive:abort"] * len(decisive), outcomes  # every abort took effect
+        assert {o for o in outcomes.values() if o.startswith("plain:")} <= {"plain:length", "plain:abort"}
         assert_idle_and_sound(engine)

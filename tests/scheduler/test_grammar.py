@@ -28,6 +28,7 @@ from runtime.grammar_check import (
 )
 from runtime.sampling import SamplingParams
 from scheduler.grammar import GrammarBackend, GrammarState, allocate_bitmask
+from tests.scheduler.slow_grammar import SLOW_MARKER, slow_build
 
 VOCAB = 49152
 EOS = 2
@@ -156,20 +157,24 @@ def test_validate_async(checker: GrammarChecker) -> None:
 
 
 def test_slow_grammar_times_out_and_worker_recovers() -> None:
-    """A schema of arrays nested 300 deep takes seconds to build: the worker is killed at the
-    timeout, the verdict is cached, and the next check runs on a fresh worker."""
-    depth = 300
-    slow = '{"type": "array", "items": ' * depth + '{"type": "integer"}' + "}" * depth
-    checker = GrammarChecker(timeout_s=0.3)
+    """A build that outlasts the timeout (delay injected, so no CPU is fast enough to pass it):
+    the worker is killed at the timeout, the verdict is cached, and the next check runs on a
+    fresh worker."""
+    slow = json.dumps({"type": "string", "description": SLOW_MARKER})
+    checker = GrammarChecker(timeout_s=0.3, build=slow_build)
     try:
         checker.start()
         with pytest.raises(InvalidRequest, match="took longer than 0.3 s") as info:
             checker.validate(GrammarSpec("json", slow))
         assert info.value.param == "json_schema"
+        first_worker = checker._worker.proc
+        assert first_worker is None  # killed at the timeout, not left building
         with pytest.raises(InvalidRequest, match="took longer"):  # cached: no second timeout
             checker.validate(GrammarSpec("json", slow))
+        assert checker._worker.proc is None
         checker.timeout_s = 30.0  # the restart is not charged to the check, but be generous
         checker.validate(GrammarSpec("regex", r"\d+"))
+        assert checker._worker.proc is not None and checker._worker.proc.is_alive()
     finally:
         checker.close()
 

@@ -46,13 +46,26 @@ def test_random_prefix_tree_completes(tiny_model: str, policy: str, overlap: boo
         assert len(r["ids"]) == new
 
 
+def _reported_finished(io, seen: int, finished: set[str]) -> int:
+    """Add the rids whose finish the scheduler has reported in io.outs[seen:]; new `seen`."""
+    for out in io.outs[seen:]:
+        finished.update(rid for rid, reason in zip(out.rids, out.finished_reasons) if reason is not None)
+    return len(io.outs)
+
+
 @pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("seed", [1, 2])
 def test_abort_fuzz(tiny_model: str, overlap: bool, seed: int) -> None:
+    """Random submissions and aborts (by rid, by parent rid prefix, abort_all) in every state.
+    Every request finishes once; one aborted before its finish was reported ends as an abort;
+    the memory invariant holds throughout and once idle."""
     rng = random.Random(seed)
     sched, io = make(tiny_model, max_total_tokens=500, chunked_prefill_size=16, max_running_requests=8,
                      disable_overlap_schedule=not overlap)
-    rids = []
+    rids: list[str] = []
+    finished: set[str] = set()
+    aborted_live: set[str] = set()  # rids an abort reached before their finish was reported
+    seen = 0
     with ThreadPoolExecutor(max_workers=1) as worker:
         pending = None
         for step in range(600):
@@ -61,11 +74,15 @@ def test_abort_fuzz(tiny_model: str, overlap: bool, seed: int) -> None:
                 rids.append(rid)
                 submit(io, rid, [rng.randrange(3, VOCAB) for _ in range(rng.randrange(1, 60))],
                        max_new_tokens=rng.randrange(0, 30))
+            seen = _reported_finished(io, seen, finished)
             roll = rng.random()
             if rids and roll < 0.15:
-                io.inbox.append(AbortReq(rng.choice(rids).split("_")[0]))
+                target = rng.choice(rids).split("_")[0]
+                io.inbox.append(AbortReq(target))
+                aborted_live.update(r for r in rids if r.split("_")[0] == target and r not in finished)
             elif roll < 0.16:
                 io.inbox.append(AbortReq(abort_all=True))
+                aborted_live.update(r for r in rids if r not in finished)
             if isinstance(sched, OverlapScheduler):
                 pending = sched.overlap_step(worker, pending)
             else:
@@ -74,10 +91,11 @@ def test_abort_fuzz(tiny_model: str, overlap: bool, seed: int) -> None:
                 sched.check_integrity()
     results = run_until_idle(sched, io)
     assert set(results) == set(rids)
+    assert aborted_live, "the fuzz never aborted a live request"
     for rid in rids:
         r = results[rid]
         assert r["finishes"] == 1, (rid, r)
-        assert r["finish"]["type"] in ("abort", "length")
+        assert r["finish"]["type"] == ("abort" if rid in aborted_live else "length"), (rid, r)
 
 
 def _req(rid: str, tokens: list[int]) -> Req:

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,11 +48,12 @@ class RunningServer:
         return f"http://127.0.0.1:{self.port}"
 
     @classmethod
-    def start(cls, model_path: str, *extra: str) -> RunningServer:
+    def start(cls, model_path: str, *extra: str, base_args: tuple[str, ...] = BASE_ARGS) -> RunningServer:
+        """Start a server with `base_args` (pass () for the user's defaults) and `extra`."""
         port = free_port()
         log = tempfile.NamedTemporaryFile(prefix="radixserve-http-", suffix=".log", delete=False)
         cmd = [sys.executable, "-m", "tokenizer.http_server", "--model-path", model_path,
-               "--port", str(port), *BASE_ARGS, *extra]
+               "--port", str(port), *base_args, *extra]
         process = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
         server = cls(process, port, log.name)
         try:
@@ -122,3 +123,19 @@ def wait_idle(server: RunningServer, timeout: float = 15.0,
             return state
         assert time.monotonic() < deadline, f"scheduler still busy: {state}"
         time.sleep(0.1)
+
+
+def wait_until(cond: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    """Poll `cond` every 20 ms; fail naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def metric(server: RunningServer, name: str) -> float:
+    """The value of the first /metrics sample called `name` (0 when there is none yet)."""
+    for line in requests.get(server.url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0

@@ -172,10 +172,12 @@ def test_grammar_invalid_grammars_are_400_while_a_request_runs(server: RunningSe
 
 
 def test_grammar_pathological_schema_does_not_stall_the_server(server: RunningServer) -> None:
-    """Arrays nested 600 deep take ~20 s to build: the check times out in its worker process
-    (a 400 naming json_schema) while the event loop keeps answering everyone else."""
+    """Arrays nested 800 deep take about a minute to build (cubic in depth: 300 deep took 2.8 s),
+    far past the 2 s check timeout on any CPU: the check times out in its worker process (a 400
+    naming json_schema) while the event loop keeps answering everyone else, so /health answers
+    arrive while the grammar request is still pending."""
     schema: dict[str, Any] = {"type": "integer"}
-    for _ in range(600):
+    for _ in range(800):
         schema = {"type": "array", "items": schema}
     verdict: dict[str, Any] = {}
 
@@ -184,21 +186,19 @@ def test_grammar_pathological_schema_does_not_stall_the_server(server: RunningSe
 
     thread = threading.Thread(target=pathological)
     thread.start()
+    answered_while_pending = 0
     try:
-        slowest = 0.0
         while thread.is_alive():
-            start = time.monotonic()
             assert requests.get(server.url + "/health", timeout=10).status_code == 200
-            slowest = max(slowest, time.monotonic() - start)
+            answered_while_pending += "resp" not in verdict
             time.sleep(0.05)
     finally:
         thread.join(60)
     resp = verdict["resp"]
     assert resp.status_code == 400 and resp.json()["error"]["param"].endswith("json_schema"), resp.text
-    assert slowest < 0.5, f"the event loop stalled for {slowest:.2f} s during the grammar check"
-
-
-# ---------------------------------------------------------------- tool calls
+    assert "took longer than" in resp.json()["error"]["message"]
+    # A blocked loop would answer /health only after the 400 (at most one racing answer).
+    assert answered_while_pending >= 3, answered_while_pending
 
 
 def test_grammar_forced_named_tool_call(client: openai.OpenAI) -> None:
