@@ -4,9 +4,10 @@ GQA folds the query heads that share a KV head into the query length
 (q.view(..., kv_heads, group, head_dim)) and runs one scaled_dot_product_attention per call:
 K/V heads are never repeated (15x slower on CPU) and `enable_gqa` is avoided (5x slower in bf16).
 
-Decode batches (one new token per request) run as a single padded SDPA: every request's KV is
-gathered into [B, max_len] (padding reads slot 0 and is masked out). Prefill and mixed batches run
-one SDPA per request with an explicit causal mask offset by the cached prefix length.
+Decode rows (one new token per request) run as a single padded SDPA: every request's KV is
+gathered into [B, max_len] (padding reads slot 0 and is masked out). Prefill rows run one SDPA
+per request with an explicit causal mask offset by the cached prefix length. A mixed batch
+(prefill chunks plus running decodes) does both: the decode rows together, the others one by one.
 """
 
 from __future__ import annotations
@@ -56,8 +57,17 @@ class TorchAttentionBackend(AttentionBackend):
         self.decode = meta.is_decode
         if self.decode:
             self._plan_decode(slots, meta.seq_lens)
-        else:
-            self._plan_extend(slots, meta)
+            return
+        # Mixed: the one-token rows decode together; their query rows are gathered, then scattered.
+        one = [i for i, n in enumerate(meta.extend_lens) if n == 1]
+        self.mixed_rows: torch.Tensor | None = None
+        if len(one) > 1:
+            kv_starts = _starts(meta.seq_lens)
+            q_starts = _starts(meta.extend_lens)
+            picked = torch.cat([slots[kv_starts[i] : kv_starts[i] + meta.seq_lens[i]] for i in one])
+            self._plan_decode(picked, [meta.seq_lens[i] for i in one])
+            self.mixed_rows = torch.tensor([q_starts[i] for i in one], dtype=torch.int64, device=slots.device)
+        self._plan_extend(slots, meta, skip=set(one) if self.mixed_rows is not None else set())
 
     def _plan_decode(self, slots: torch.Tensor, seq_lens: list[int]) -> None:
         batch, max_len = len(seq_lens), max(seq_lens)
@@ -69,14 +79,18 @@ class TorchAttentionBackend(AttentionBackend):
         self.decode_index = padded.reshape(-1)
         self.decode_len = max_len
         # No mask needed when every request has the same length (the common static batch).
-        self.decode_mask = None if bool(valid.all()) else valid[:, None, None, :]
+        self.decode_mask = None if min(seq_lens) == max_len else valid[:, None, None, :]
 
-    def _plan_extend(self, slots: torch.Tensor, meta: ForwardMetadata) -> None:
-        # Per request: (query row range, KV slots of its whole sequence, causal mask).
+    def _plan_extend(self, slots: torch.Tensor, meta: ForwardMetadata, skip: set[int]) -> None:
+        # Per request not in `skip`: (query row range, KV slots of its whole sequence, causal mask).
         self.extend_plan: list[tuple[int, int, torch.Tensor, torch.Tensor | None]] = []
         q_start, kv_start = 0, 0
         device = slots.device
-        for seq_len, ext_len in zip(meta.seq_lens, meta.extend_lens):
+        for i, (seq_len, ext_len) in enumerate(zip(meta.seq_lens, meta.extend_lens)):
+            if i in skip:
+                q_start += ext_len
+                kv_start += seq_len
+                continue
             prefix_len = seq_len - ext_len
             req_slots = slots[kv_start : kv_start + seq_len]
             q_pos = torch.arange(prefix_len, seq_len, device=device)
@@ -98,7 +112,10 @@ class TorchAttentionBackend(AttentionBackend):
         self.pool.write(layer_id, meta.out_cache_loc, k, v)
         if self.decode:
             return self._decode(layer_id, q)
-        return self._extend(layer_id, q)
+        out = self._extend(layer_id, q)
+        if self.mixed_rows is not None:
+            out.index_copy_(0, self.mixed_rows, self._decode(layer_id, q.index_select(0, self.mixed_rows)))
+        return out
 
     def _gather(self, layer_id: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of `slots` ([n, kv_heads, head_dim] each), in the reusable buffers."""
@@ -123,6 +140,7 @@ class TorchAttentionBackend(AttentionBackend):
         return out.reshape(batch, self.num_heads * d)
 
     def _extend(self, layer_id: int, q: torch.Tensor) -> torch.Tensor:
+        """The extend_plan rows of `q`'s attention (rows of other requests are left unset)."""
         kvh, group, d = self.num_kv_heads, self.group, self.head_dim
         out = torch.empty((q.shape[0], self.num_heads * d), dtype=q.dtype, device=q.device)
         for q_start, ext_len, req_slots, mask in self.extend_plan:
@@ -139,3 +157,12 @@ class TorchAttentionBackend(AttentionBackend):
             o = o.view(kvh, group, ext_len, d).permute(2, 0, 1, 3).reshape(ext_len, -1)
             out[q_start : q_start + ext_len] = o
         return out
+
+
+def _starts(lengths: list[int]) -> list[int]:
+    """Exclusive prefix sums: where each request's rows start."""
+    starts, total = [], 0
+    for n in lengths:
+        starts.append(total)
+        total += n
+    return starts

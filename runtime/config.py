@@ -54,7 +54,12 @@ class ServerConfig:
     disable_overlap_schedule: bool | None = _opt(
         None, "run the scheduler and the forward one after the other; default: overlap on CUDA only, "
         "where it measures faster (on CPU the forward thread competes for the cores)")
-    stream_interval: int = _opt(1, "send a streamed chunk every N tokens")
+    enable_mixed_chunk: bool | None = _opt(
+        None, "run the running requests' decode step in the same forward as a prefill chunk, so new "
+        "prompts do not stall running streams; default: on on CPU, off on CUDA (as SGLang)")
+    stream_interval: int = _opt(
+        1, "send a streamed request's new tokens every N tokens (its first token and its finish at once); "
+        "a request's own sampling_params.stream_interval overrides it")
 
     # Server.
     host: str = _opt("127.0.0.1", "HTTP host to bind")
@@ -73,6 +78,8 @@ class ServerConfig:
                 raise InvalidRequest(f"{f.name} must be one of {list(choices)}, got {value!r}", param=f.name)
         if self.page_size < 1:
             raise InvalidRequest("page_size must be >= 1", param="page_size")
+        if self.stream_interval < 1:
+            raise InvalidRequest("stream_interval must be >= 1", param="stream_interval")
 
     def public_dict(self) -> dict[str, Any]:
         """The config without secrets (for /get_server_info and logs)."""

@@ -67,6 +67,7 @@ def resolve_config(config: ServerConfig) -> ServerConfig:
         context_length=context,
         max_total_tokens=max_total,
         max_running_requests=max_running,
+        enable_mixed_chunk=device.type == "cpu" if config.enable_mixed_chunk is None else config.enable_mixed_chunk,
         disable_overlap_schedule=(
             device.type != "cuda" if config.disable_overlap_schedule is None else config.disable_overlap_schedule
         ),

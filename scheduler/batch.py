@@ -10,13 +10,22 @@ from scheduler.request import Req
 
 @dataclass
 class ScheduledBatch:
-    is_prefill: bool
+    """One forward: prefill entries first, then decode entries. A mixed batch (SGLang's mixed
+    chunk) has both: the running requests decode in the same forward as a new prefill."""
+
+    is_prefill: bool  # holds prefill entries (then it is not overlapped with the next batch)
     reqs: list[Req] = field(default_factory=list)
     entries: list[ForwardEntry] = field(default_factory=list)
+    num_prefill: int = 0  # reqs[:num_prefill] are prefilling, the rest decoding
 
-    def add(self, req: Req, entry: ForwardEntry) -> None:
+    def add(self, req: Req, entry: ForwardEntry, prefill: bool) -> None:
+        assert not prefill or self.num_prefill == len(self.reqs), "prefill entries come first"
         self.reqs.append(req)
         self.entries.append(entry)
+        self.num_prefill += prefill
+
+    def is_prefill_entry(self, i: int) -> bool:
+        return i < self.num_prefill
 
 
 def _entry(req: Req, start: int, n: int, input_ids: list[int] | None = None) -> ForwardEntry:

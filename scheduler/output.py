@@ -8,11 +8,24 @@ from runtime.messages import BatchTokenOut
 from scheduler.request import Req
 
 DECODE_CONTEXT_TOKENS = 5  # prompt tokens the detokenizer decodes as left context
+# A request nobody streams still sends its tokens this often (as SGLang does), so the
+# detokenizer's work and each message stay small for long outputs.
+NONSTREAM_INTERVAL = 50
 
 
-def has_news(req: Req) -> bool:
-    """Something to tell the detokenizer: new tokens, a finish, or a prefill-only result."""
-    return len(req.output) > req.sent_ids or (req.finished and not req.sent_finish)
+def has_news(req: Req, stream_interval: int = 1) -> bool:
+    """Something is due to the detokenizer: the first token, a finish (or a prefill-only result),
+    or `stream_interval` new tokens since the last send (the request's own interval if it set
+    one; at least NONSTREAM_INTERVAL when it does not stream)."""
+    if req.finished:
+        return not req.sent_finish
+    new = len(req.output) - req.sent_ids
+    if new <= 0:
+        return False
+    if not req.sent_first:
+        return True
+    every = req.sampling.stream_interval or stream_interval
+    return new >= (every if req.stream else max(every, NONSTREAM_INTERVAL))
 
 
 def build_batch_out(reqs: list[Req]) -> BatchTokenOut:

@@ -80,6 +80,7 @@ class Scheduler:
         self.busy_s = 0.0  # wall time of loop iterations that ran or finished a batch
         self.ratio = NewTokenRatio()
         self.retractions = 0
+        self.mixed_steps = 0  # forwards that ran a prefill and the running decodes together
         self.dispatch = TypeDispatcher({
             GenerateReq: self.handle_generate,
             AbortReq: self.handle_abort,
@@ -187,18 +188,27 @@ class Scheduler:
     # ------------------------------------------------------------------ batches
 
     def next_batch(self) -> ScheduledBatch | None:
-        return self.next_prefill() or self.next_decode()
+        batch = self.next_prefill()
+        if batch is None:
+            return self.next_decode()
+        if self.config.enable_mixed_chunk and self.running:
+            self.add_decodes(batch)
+        return batch
 
     def next_prefill(self) -> ScheduledBatch | None:
         if not self.waiting and self.chunked is None:
             return None
         holding = len(self.running) + (self.chunked is not None)
+        # Mixed with the running decodes, the forward's token budget covers their tokens too,
+        # but the prompts keep at least half of it, so a mid-chunk prompt always progresses.
+        decoding = len(self.running) if self.config.enable_mixed_chunk else 0
+        max_prefill = self.config.max_prefill_tokens
         adder = PrefillAdder(
             cache=self.cache,
             page_size=self.page_size,
             reserved=sum(reserved_kv(r, self.ratio.value, self.page_size) for r in self.running),
-            rem_input=self.config.max_prefill_tokens,
-            rem_chunk=self.chunk_size,
+            rem_input=max(max_prefill - decoding, max_prefill // 2),
+            rem_chunk=None if self.chunk_size is None else max(self.chunk_size - decoding, self.chunk_size // 2),
             rem_reqs=min(self.max_running - holding, self.rows.available()) + (self.chunked is not None),
         )
         chunked = self.chunked
@@ -215,8 +225,22 @@ class Scheduler:
             new = self.cache.alloc_extend(req.kv, extend)
             assert new is not None, "admission reserved this KV"
             req.kv.extend(new)
-            batch.add(req, prefill_entry(req, extend))
+            batch.add(req, prefill_entry(req, extend), prefill=True)
         return batch
+
+    def add_decodes(self, batch: ScheduledBatch) -> None:
+        """Mixed chunk: every running request decodes one token in the prefill's forward, so a
+        new prompt does not stall the running streams. Under KV pressure they wait for the next
+        plain decode step, which retracts as needed."""
+        if not self.decode_fits():
+            return
+        self.ratio.decay()
+        self.mixed_steps += 1
+        for req in self.running:
+            slot = self.cache.alloc_extend(req.kv, 1)
+            assert slot is not None, "decode_fits() covers one token per running request"
+            req.kv.extend(slot)
+            batch.add(req, decode_entry(req), prefill=False)
 
     def admit_waiting(self, adder: PrefillAdder) -> None:
         for req in order_waiting(self.waiting, self.config.schedule_policy, self.cache):
@@ -249,7 +273,7 @@ class Scheduler:
                 self.finish_now(req, "out of KV cache memory")
                 continue
             req.kv.extend(slot)
-            batch.add(req, decode_entry(req))
+            batch.add(req, decode_entry(req), prefill=False)
         return batch if batch.reqs else None
 
     def decode_fits(self) -> bool:
@@ -286,7 +310,8 @@ class Scheduler:
         for i, req in enumerate(batch.reqs):
             if req.finished:  # aborted meanwhile, or (overlap) finished by the previous step
                 continue
-            if batch.is_prefill:
+            prefill = batch.is_prefill_entry(i)
+            if prefill:
                 record_input_logprobs(req, batch.entries[i], result, i)
                 if req.computed < len(req.fill_ids):  # a middle chunk: publish it, keep going
                     self.cache_unfinished(req)
@@ -297,10 +322,10 @@ class Scheduler:
                     continue
             self.append_token(req, next_ids[i], result, i)
             if req.finished:
-                if not batch.is_prefill:
+                if not prefill:
                     self.running.remove(req)
                 self.release(req)
-            elif batch.is_prefill:
+            elif prefill:
                 self.cache_unfinished(req)
                 req.state = ReqState.RUNNING
                 self.running.append(req)
@@ -348,7 +373,7 @@ class Scheduler:
 
     def send_outputs(self, batch: ScheduledBatch | None) -> None:
         candidates = dict.fromkeys([*self.finished_out, *(batch.reqs if batch else [])])
-        reqs = [r for r in candidates if has_news(r)]
+        reqs = [r for r in candidates if has_news(r, self.config.stream_interval)]
         self.finished_out = []
         if reqs:
             self.io.send_tokens(build_batch_out(reqs))
@@ -387,6 +412,7 @@ class Scheduler:
             "integrity": integrity,
             "retractions": self.retractions,
             "evicted_tokens": self.cache.evicted_tokens,
+            "mixed_steps": self.mixed_steps,
             "new_token_ratio": self.ratio.value,
             "busy_s": self.busy_s,
             "forward_s": self.runner.forward_s,

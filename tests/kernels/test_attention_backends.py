@@ -43,7 +43,7 @@ def _reference(q, k_seq, v_seq, prefix_len):  # q [e, H, D], k_seq [n, KVH, D]
 
 
 @pytest.mark.parametrize("page_size", [1, 4])
-@pytest.mark.parametrize("extend_lens", [[1, 1, 1], [5, 1, 12], [7, 3, 2]])
+@pytest.mark.parametrize("extend_lens", [[1, 1, 1], [5, 1, 12], [7, 3, 2], [1, 6, 1], [3, 1, 1]])  # mixed: the last two
 def test_torch_backend_matches_dense(page_size: int, extend_lens: list[int]) -> None:
     gen = torch.Generator().manual_seed(0)
     seq_lens = [9, 14, 12]

@@ -1,6 +1,7 @@
 """Scheduling never changes a greedy token: the default model in fp32 under every combination of
-overlap on/off, radix cache on/off, chunked prefill 32/none and page size 1/16, plus pools small
-enough to force eviction and retraction. The memory invariant holds after each run, idle."""
+overlap on/off, radix cache on/off, chunked prefill 32/none and page size 1/16 (with mixed
+prefill+decode batches, the CPU default, and a few without), plus pools small enough to force
+eviction and retraction. The memory invariant holds after each run, idle."""
 
 from __future__ import annotations
 
@@ -48,21 +49,25 @@ def run(default_model_path: str, workload=prompts, optimistic: bool = False, **o
 
 @pytest.fixture(scope="module")
 def baseline(default_model_path: str) -> dict:
-    overlap, radix, chunk, page = BASELINE
+    overlap, radix, chunk, page, mixed = BASELINE
     return run(default_model_path, disable_overlap_schedule=not overlap, disable_radix_cache=not radix,
-               chunked_prefill_size=chunk, page_size=page)[0]
+               chunked_prefill_size=chunk, page_size=page, enable_mixed_chunk=mixed)[0]
 
 
-BASELINE = (False, False, -1, 1)  # overlap off, radix off, no chunking, page 1
-# Every other combination: the baseline's own configuration would only compare it with itself.
-GRID = [c for c in itertools.product([False, True], [False, True], [32, -1], [1, 16]) if c != BASELINE]
+BASELINE = (False, False, -1, 1, False)  # overlap off, radix off, no chunking, page 1, not mixed
+# Every combination with mixed batches, and the chunked ones without: never the baseline itself.
+GRID = [(*c, True) for c in itertools.product([False, True], [False, True], [32, -1], [1, 16])]
+GRID += [(True, True, 32, 1, False), (False, True, 32, 16, False), (True, False, 32, 16, False)]
 
 
-@pytest.mark.parametrize("overlap,radix,chunk,page", GRID, ids=[f"ov{o}-rx{r}-ch{c}-pg{p}" for o, r, c, p in GRID])
-def test_same_tokens_every_configuration(default_model_path, baseline, overlap, radix, chunk, page) -> None:
-    results, _ = run(default_model_path, disable_overlap_schedule=not overlap, disable_radix_cache=not radix,
-                     chunked_prefill_size=chunk, page_size=page, dtype="float32")
+@pytest.mark.parametrize("overlap,radix,chunk,page,mixed", GRID,
+                         ids=[f"ov{o}-rx{r}-ch{c}-pg{p}-mx{m}" for o, r, c, p, m in GRID])
+def test_same_tokens_every_configuration(default_model_path, baseline, overlap, radix, chunk, page, mixed) -> None:
+    results, sched = run(default_model_path, disable_overlap_schedule=not overlap, disable_radix_cache=not radix,
+                         chunked_prefill_size=chunk, page_size=page, enable_mixed_chunk=mixed, dtype="float32")
     assert results == baseline
+    if mixed and chunk > 0:  # chunked prompts keep others decoding: some forwards were mixed
+        assert sched.mixed_steps > 0
     assert any(finish["type"] == "stop" and isinstance(finish["matched"], str) for _, finish in results.values())
 
 
@@ -74,3 +79,4 @@ def test_same_tokens_with_eviction_and_retraction(default_model_path, overlap, p
     assert results == expected
     assert sched.retractions > 0
     assert sched.cache.evicted_tokens > 0  # the pool was small enough to evict cached prefixes
+    assert sched.mixed_steps > 0  # re-admitted requests prefilled beside running decodes

@@ -210,3 +210,38 @@ def test_flush_refused_while_a_prefill_is_in_flight(tiny_model: str) -> None:
             pending = sched.overlap_step(worker, pending)
     assert collect(io)["a"]["finishes"] == 1
     sched.check_idle_integrity()
+
+
+def _sends(io, rid: str) -> list[int]:
+    """New-token counts of every message that carried `rid`."""
+    return [len(out.new_ids[out.rids.index(rid)]) for out in io.outs if rid in out.rids]
+
+
+@pytest.mark.parametrize("server_interval,own_interval", [(4, None), (1, 4)])
+def test_stream_interval_batches_tokens(tiny_model: str, server_interval: int, own_interval: int | None) -> None:
+    """The first token goes at once, then every `stream_interval` tokens, the finish at once;
+    a request's own stream_interval overrides the server's; a request nobody streams sends its
+    first token and then only at the finish (or every NONSTREAM_INTERVAL tokens)."""
+    sched, io = make(tiny_model, stream_interval=server_interval)
+    submit(io, "s", [5, 6, 7], max_new_tokens=10, stream=True, stream_interval=own_interval)
+    submit(io, "plain", [5, 6, 8], max_new_tokens=10)
+    for _ in range(200):
+        sched.step()
+        if sched.is_idle:
+            break
+    assert _sends(io, "s") == [1, 4, 4, 1]
+    assert _sends(io, "plain") == [1, 9]
+    results = collect(io)
+    assert len(results["s"]["ids"]) == len(results["plain"]["ids"]) == 10
+
+
+def test_nonstreamed_long_output_is_sent_every_50_tokens(tiny_model: str) -> None:
+    from scheduler.output import NONSTREAM_INTERVAL
+
+    sched, io = make(tiny_model)
+    submit(io, "long", [5, 6, 7], max_new_tokens=120)
+    while True:
+        sched.step()
+        if sched.is_idle:
+            break
+    assert _sends(io, "long") == [1, NONSTREAM_INTERVAL, NONSTREAM_INTERVAL, 120 - 1 - 2 * NONSTREAM_INTERVAL]
