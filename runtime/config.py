@@ -28,9 +28,11 @@ class ServerConfig:
     """Every knob of a radixserve launch. Field names are the CLI names with underscores."""
 
     # Model.
-    model_path: str | None = _opt(None, "Hugging Face model folder; default: the embedded SmolLM2-135M-Instruct")
+    model_path: str | None = _opt(None, "Hugging Face model folder or a .gguf file; default: the embedded SmolLM2-135M-Instruct")
     tokenizer_path: str | None = _opt(None, "tokenizer folder; default: the model folder")
-    load_format: str = _opt("auto", "how to load weights: safetensors files or random dummy weights", ("auto", "dummy"))
+    load_format: str = _opt(
+        "auto", "how to load weights: auto (safetensors, or gguf for a .gguf model_path), gguf (converted once "
+        "to a cached folder), or random dummy weights", ("auto", "gguf", "dummy"))
     dtype: str = _opt("auto", "weight and activation dtype; auto: the checkpoint's dtype", ("auto", "float32", "bfloat16", "float16"))
     kv_cache_dtype: str = _opt("auto", "KV cache dtype; auto: the model dtype", ("auto", "float32", "bfloat16", "float16"))
     context_length: int | None = _opt(None, "maximum tokens per request (prompt + output); default: the model's")

@@ -104,9 +104,16 @@ def ensure_default_model(progress: Callable[[str], None] | None = None) -> str:
     target = default_model_dir()
     if is_complete(target):
         return str(target)
-    source = gguf_path()
+    return ensure_converted(gguf_path(), target, progress)
+
+
+def ensure_converted(source: Path, target: Path, progress: Callable[[str], None] | None = None) -> str:
+    """Convert the GGUF file `source` into the Hugging Face folder `target` once (under a lock,
+    atomically); return `target` as a string. Used for the default model and any user GGUF."""
+    if is_complete(target):
+        return str(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    with _file_lock(target.parent / f".{DEFAULT_MODEL_NAME}.lock"):
+    with _file_lock(target.parent / f".{target.name}.lock"):
         # Another process may have finished the conversion while this one waited for the lock.
         if not is_complete(target):
             _convert_atomically(source, target, progress or _print_stderr)
@@ -126,7 +133,7 @@ def _file_lock(path: Path) -> Iterator[None]:
 
 def _convert_atomically(source: Path, target: Path, progress: Callable[[str], None]) -> None:
     """Convert into a tmp sibling, then rename it onto `target`. Caller holds the lock."""
-    progress(f"radixserve: converting the embedded {DEFAULT_MODEL_NAME} to {target} (once, ~20 s)...")
+    progress(f"radixserve: converting {source.name} to {target} (once, ~20 s for a small model)...")
     _remove_leftovers(target)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:

@@ -8,6 +8,7 @@ the model path, device, dtype, attention backend, chunk size and KV capacity mad
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 
 import torch
@@ -16,6 +17,7 @@ from kernels.base import AttentionBackend
 from runtime.config import ServerConfig, read_model_json
 from runtime.device import DTYPES, dtype_name, resolve_attention_backend, resolve_device, resolve_dtype
 from runtime.errors import InvalidRequest
+from runtime.gguf_model import is_gguf_path
 from runtime.kv_pool import KVPool, ReqToTokenPool
 from runtime.models.config import ModelConfig
 
@@ -31,10 +33,17 @@ CUDA_DEFAULT_CHUNK = 2048
 def resolve_config(config: ServerConfig) -> ServerConfig:
     """Turn every "auto"/None default into a concrete value (a new frozen config)."""
     model_path = config.model_path
+    served_name = config.served_model_name
+    load_format = config.load_format
     if model_path is None:
         from runtime.default_model import ensure_default_model
 
         model_path = ensure_default_model()
+    elif load_format == "gguf" or is_gguf_path(model_path):
+        from runtime.gguf_model import ensure_gguf_folder
+
+        served_name = served_name or os.path.basename(model_path).removesuffix(".gguf")
+        model_path, load_format = ensure_gguf_folder(model_path), "auto"
     model_config = ModelConfig.from_hf(read_model_json(model_path, "config.json"))
     device = resolve_device(config.device)
     dtype, why = resolve_dtype(config.dtype, model_config.torch_dtype, device)
@@ -58,6 +67,8 @@ def resolve_config(config: ServerConfig) -> ServerConfig:
         max_running = CPU_DEFAULT_MAX_RUNNING
     return config.replace(
         model_path=model_path,
+        load_format=load_format,
+        served_model_name=served_name,
         tokenizer_path=config.tokenizer_path or model_path,
         device=device.type,
         dtype=dtype_name(dtype),
