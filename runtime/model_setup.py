@@ -118,6 +118,7 @@ def load_model_for_serving(config: ServerConfig) -> LoadedModel:
     dtype = DTYPES[config.dtype]
     model = load_model(
         config.model_path, model_config, dtype, device, load_format=config.load_format, seed=config.random_seed,
+        quantization=config.quantization,
     )
     kv_dtype = DTYPES[config.kv_cache_dtype]
     ps = config.page_size

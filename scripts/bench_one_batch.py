@@ -62,7 +62,9 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=64)
-    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                        help="auto: the server's default for this CPU")
+    parser.add_argument("--quantization", default="none", choices=["none", "int8"])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-hf", action="store_true", help="only measure radixserve")
     parser.add_argument("--output", default="results/bench_one_batch.jsonl")
@@ -76,10 +78,11 @@ def main() -> None:
     max_batch = max(args.batch_size)
     tokens = max_batch * (args.input_len + args.output_len + 16)
     ours = StaticBatch.create(
-        model_path, dtype=args.dtype, load_format=args.load_format, max_total_tokens=tokens,
+        model_path, dtype=args.dtype, load_format=args.load_format, max_total_tokens=tokens, quantization=args.quantization,
         max_running_requests=max_batch, context_length=args.input_len + args.output_len + 16,
     )
     vocab = ours.runner.vocab_size
+    args.dtype = ours.runner.loaded.config.dtype  # "auto" resolved, for HF and the results
     hf = None
     if not args.skip_hf:
         import transformers
@@ -104,7 +107,7 @@ def main() -> None:
         print(f"{batch:>5} | {o_prefill:>14.3f} | {o_decode:>17.1f} | {h_prefill:>12.3f} | {h_decode:>15.1f} | {ratio:>12.2f}")
         rows.append(dict(
             bench="one_batch", date=datetime.datetime.now().isoformat(timespec="seconds"), batch_size=batch,
-            input_len=args.input_len, output_len=args.output_len, dtype=args.dtype, model=os.path.basename(model_path),
+            input_len=args.input_len, output_len=args.output_len, dtype=args.dtype, quantization=args.quantization, model=os.path.basename(model_path),
             ours_prefill_s=o_prefill, ours_decode_tok_s=o_decode, hf_prefill_s=h_prefill, hf_decode_tok_s=h_decode,
             decode_ratio=ratio, threads=torch.get_num_threads(),
         ))

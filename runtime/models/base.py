@@ -137,6 +137,14 @@ class CausalLM(nn.Module):
         """hidden [N, hidden] -> fp32 logits [N, vocab]. Pass only the rows that need logits."""
         return self.lm_head(hidden).float()
 
+    def quantize_int8(self, lm_head: bool) -> None:
+        """Add int8 copies of the linear weights (the lm_head's too if `lm_head`), after loading,
+        before pack()."""
+        assert not self.is_packed, "quantize_int8() must run before pack()"
+        for module in self.modules():
+            if isinstance(module, Linear) and (lm_head or module is not self.lm_head):
+                module.quantize_int8()
+
     def pack(self) -> None:
         """Prepack every linear weight for the device, once, after loading."""
         for module in self.modules():

@@ -69,3 +69,38 @@ def test_pack_weight_is_cpu_only():
     meta = torch.empty(4, 4, device="meta")
     assert pack_weight(meta, None) is None
     assert not should_prepack(torch.device("meta"), torch.float32)
+
+
+# ---- weight-only int8 ---------------------------------------------------------------------------
+
+def test_quantize_int8_is_within_half_a_step():
+    from kernels.linear import quantize_int8
+
+    w = torch.randn(64, 96, generator=torch.Generator().manual_seed(3)) * 0.05
+    w[5] = 0.0  # an all-zero channel must not divide by zero
+    q, scales = quantize_int8(w)
+    assert q.dtype == torch.int8 and scales.dtype == torch.bfloat16 and scales.shape == (64,)
+    back = q.float() * scales.float()[:, None]
+    assert ((back - w).abs() <= scales.float()[:, None] / 2 + 1e-12).all()
+    assert q.abs().max() <= 127 and not back[5].any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int8_for_small_calls_packed_for_large(dtype):
+    from kernels.linear import INT8_MAX_ROWS
+
+    layer, weight, b = make_linear(dtype, True)
+    layer.quantize_int8()
+    dequant = layer.q_weight.float() * layer.q_scales.float()[:, None]
+    layer.pack()
+    for rows in (1, INT8_MAX_ROWS, INT8_MAX_ROWS + 1, 64):
+        x = torch.randn(rows, 96, generator=torch.Generator().manual_seed(rows)).to(dtype)
+        got = layer(x)
+        assert got.dtype == dtype and got.shape == (rows, 160)
+        if rows <= INT8_MAX_ROWS:  # the int8 weights, bf16 activations
+            want = x.to(torch.bfloat16).float() @ dequant.T + b.float()
+            tol = 1e-2
+        else:  # the full-precision path, exactly as without quantization
+            want, tol = F.linear(x, weight, b).float(), (1e-5 if dtype == torch.float32 else 1e-2)
+        err = ((got.float() - want).norm() / want.norm()).item()
+        assert err <= tol, (rows, err)
