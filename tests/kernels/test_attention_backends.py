@@ -113,3 +113,66 @@ def test_flashinfer_matches_torch_backend(page_size: int, extend_lens: list[int]
         backend.plan(meta_dev)
         outs.append(backend.forward(0, q, k, v).float())
     torch.testing.assert_close(outs[1], outs[0], rtol=2e-2, atol=2e-2)
+
+
+def test_common_prefix_len_and_merge() -> None:
+    from kernels import cascade
+
+    padded = torch.tensor([[5, 6, 7, 8], [5, 6, 9, 9], [5, 6, 7, 1]])
+    assert cascade.common_prefix_len(padded, 4) == 2
+    assert cascade.common_prefix_len(padded, 1) == 1 and cascade.common_prefix_len(padded, 0) == 0
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 2, 3, 8, generator=gen) for _ in range(3))
+    k2, v2 = torch.randn(1, 2, 5, 8, generator=gen), torch.randn(1, 2, 5, 8, generator=gen)
+    whole = F.scaled_dot_product_attention(q, torch.cat([k, k2], 2), torch.cat([v, v2], 2))
+    a, la = cascade.attend(q, k, v, None, 8**-0.5)
+    b, lb = cascade.attend(q, k2, v2, None, 8**-0.5)
+    torch.testing.assert_close(cascade.merge(a, la, b, lb), whole, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
+@pytest.mark.parametrize("page_size", [1, 4])
+@pytest.mark.parametrize("prefill_too", [False, True])
+def test_shared_prefix_is_attended_once(dtype: torch.dtype, tol: float, page_size: int, prefill_too: bool) -> None:
+    """Nine decode rows (and, mixed, one prefill) share a 264-token KV prefix: the backend
+    attends to it once (cascade) and still matches the dense per-request reference."""
+    from kernels.torch_backend import CASCADE_MIN_BATCH, CASCADE_MIN_SHARED
+
+    gen = torch.Generator().manual_seed(1)
+    shared_len, own_lens = 264, [1, 3, 20, 7, 1, 12, 5, 9, 2]
+    extend_lens = [1] * len(own_lens)
+    if prefill_too:
+        own_lens, extend_lens = own_lens + [6], extend_lens + [6]
+    assert len(own_lens) >= CASCADE_MIN_BATCH and shared_len >= CASCADE_MIN_SHARED
+    shared_pages = list(range(1, 1 + shared_len // page_size))
+    nxt = shared_pages[-1] + 1
+    page_lists, seq_lens = [], []
+    for own in own_lens:
+        k = -(-own // page_size)
+        page_lists.append(shared_pages + list(range(nxt, nxt + k)))
+        nxt += k
+        seq_lens.append(shared_len + own)
+    pool = KVPool(LAYERS, (nxt + 1) * page_size, KV_HEADS, DIM, dtype, torch.device("cpu"), page_size)
+    meta = _metadata(page_lists, seq_lens, extend_lens, page_size)
+    shared_k, shared_v = (torch.randn(shared_len, KV_HEADS, DIM, generator=gen) for _ in range(2))
+    full_k = [torch.cat([shared_k, torch.randn(own, KV_HEADS, DIM, generator=gen)]) for own in own_lens]
+    full_v = [torch.cat([shared_v, torch.randn(own, KV_HEADS, DIM, generator=gen)]) for own in own_lens]
+    for pages, n, e, k, v in zip(page_lists, seq_lens, extend_lens, full_k, full_v):
+        slots = torch.tensor([p * page_size + o for p in pages for o in range(page_size)][: n - e], dtype=torch.int64)
+        for layer in range(LAYERS):
+            pool.write(layer, slots, k[: n - e], v[: n - e])
+    q = torch.randn(sum(extend_lens), HEADS, DIM, generator=gen).to(dtype)
+    new_k = torch.cat([k[n - e :] for k, n, e in zip(full_k, seq_lens, extend_lens)]).to(dtype)
+    new_v = torch.cat([v[n - e :] for v, n, e in zip(full_v, seq_lens, extend_lens)]).to(dtype)
+    backend = TorchAttentionBackend(pool, HEADS, KV_HEADS, DIM)
+    backend.plan(meta)
+    assert backend.shared_index is not None and len(backend.shared_index) == shared_len
+    for layer in range(LAYERS):
+        out = backend.forward(layer, q, new_k, new_v).float()
+        start = 0
+        for n, e, k, v in zip(seq_lens, extend_lens, full_k, full_v):
+            kd, vd = k.to(dtype).float(), v.to(dtype).float()
+            expected = _reference(q[start : start + e].float(), kd, vd, n - e)
+            err = ((out[start : start + e] - expected).norm() / expected.norm()).item()
+            assert err <= tol, (n, e, err)
+            start += e
