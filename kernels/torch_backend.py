@@ -4,21 +4,22 @@ GQA folds the query heads that share a KV head into the query length
 (q.view(..., kv_heads, group, head_dim)) and runs one scaled_dot_product_attention per call:
 K/V heads are never repeated (15x slower on CPU) and `enable_gqa` is avoided (5x slower in bf16).
 
-Decode rows (one new token per request) run as a single padded SDPA: every request's KV is
-gathered into [B, max_len] (padding reads slot 0 and is masked out). Prefill rows run one
-attention per request with an explicit causal mask offset by the cached prefix length (SDPA in
-fp32; in bf16 two GEMMs and a softmax, which run far faster there). A mixed batch
-(prefill chunks plus running decodes) does both: the decode rows together, the others one by one.
-Decode rows that all share a long KV prefix attend to it once (`kernels/cascade.py`).
+Decode rows (one new token per request) run together through `kernels/decode_attention.py` (our
+C++ kernel when it is built, else one padded SDPA; a long KV prefix shared by every row attended
+to once). Prefill rows run one attention per request with an explicit causal mask offset by the
+cached prefix length (SDPA in fp32; in bf16 two GEMMs and a softmax, which run far faster
+there). A mixed batch (prefill chunks plus running decodes) does both.
 """
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import torch
 import torch.nn.functional as F
 
-from kernels import cascade
 from kernels.base import AttentionBackend, ForwardMetadata
+from kernels.decode_attention import DecodeAttention
 from runtime.kv_pool import KVPool
 
 
@@ -38,17 +39,12 @@ def token_slots(meta: ForwardMetadata) -> torch.Tensor:
     return slots[keep]
 
 
-# Cascade the shared prefix of a decode batch when at least this many rows share at least this
-# many KV tokens. Measured (bf16, 2 cores): B=8 with 256 shared 17.0 vs 18.9 ms a step, B=16
-# with 512 shared 24.6 vs 32.7 ms; below (B=4, or 128 shared) one gather + SDPA was faster.
-CASCADE_MIN_BATCH = 8
-CASCADE_MIN_SHARED = 256
-
-
 class TorchAttentionBackend(AttentionBackend):
     """Paged prefill and decode attention over a `KVPool`, in plain torch."""
 
-    def __init__(self, pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
+    def __init__(self, pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int,
+                 kernels: ModuleType | None = None) -> None:
+        """`kernels`: our built C++ CPU kernels (`runtime.cpu_kernels`), or None for torch only."""
         assert num_heads % num_kv_heads == 0, (num_heads, num_kv_heads)
         self.pool = pool
         self.num_heads = num_heads
@@ -60,14 +56,14 @@ class TorchAttentionBackend(AttentionBackend):
         # Gathered K/V land in buffers reused by every layer and batch: fresh multi-MB tensors
         # per layer cost a page fault per 4 KiB on CPU, which dominated long-context decode.
         self._gather_bufs: dict[str, list[torch.Tensor]] = {}
-        self.shared_index: torch.Tensor | None = None  # KV slots every decode row shares
+        self.decoder = DecodeAttention(pool, num_heads, num_kv_heads, head_dim, self._gather, kernels)
 
     def plan(self, meta: ForwardMetadata) -> None:
         self.meta = meta
         slots = token_slots(meta)
         self.decode = meta.is_decode
         if self.decode:
-            self._plan_decode(slots, meta.seq_lens)
+            self.decoder.plan(slots, meta.seq_lens)
             return
         # Mixed: the one-token rows decode together; their query rows are gathered, then scattered.
         one = [i for i, n in enumerate(meta.extend_lens) if n == 1]
@@ -76,29 +72,9 @@ class TorchAttentionBackend(AttentionBackend):
             kv_starts = _starts(meta.seq_lens)
             q_starts = _starts(meta.extend_lens)
             picked = torch.cat([slots[kv_starts[i] : kv_starts[i] + meta.seq_lens[i]] for i in one])
-            self._plan_decode(picked, [meta.seq_lens[i] for i in one])
+            self.decoder.plan(picked, [meta.seq_lens[i] for i in one])
             self.mixed_rows = torch.tensor([q_starts[i] for i in one], dtype=torch.int64, device=slots.device)
         self._plan_extend(slots, meta, skip=set(one) if self.mixed_rows is not None else set())
-
-    def _plan_decode(self, slots: torch.Tensor, seq_lens: list[int]) -> None:
-        batch, max_len = len(seq_lens), max(seq_lens)
-        device = slots.device
-        lens = torch.tensor(seq_lens, device=device)
-        valid = torch.arange(max_len, device=device)[None, :] < lens[:, None]  # [B, max_len]
-        padded = torch.zeros((batch, max_len), dtype=torch.int64, device=device)
-        padded[valid] = slots
-        # Every row keeps its newest token (its own slot) out of the shared part.
-        shared = cascade.common_prefix_len(padded, min(seq_lens) - 1) if batch >= CASCADE_MIN_BATCH else 0
-        self.shared_index = None
-        if shared >= CASCADE_MIN_SHARED:
-            self.shared_index = padded[0, :shared]
-            padded, valid = padded[:, shared:].contiguous(), valid[:, shared:]
-        self.decode_index = padded.reshape(-1)
-        self.decode_len = padded.shape[1]
-        self.decode_mask = None  # not needed when every request has the same length
-        if min(seq_lens) != max_len:
-            self.decode_mask = torch.zeros(valid.shape, dtype=self.pool.dtype, device=device)
-            self.decode_mask = self.decode_mask.masked_fill_(~valid, float("-inf"))[:, None, None, :]
 
     def _plan_extend(self, slots: torch.Tensor, meta: ForwardMetadata, skip: set[int]) -> None:
         # Per request not in `skip`: (query row range, KV slots of its whole sequence, causal mask).
@@ -130,10 +106,10 @@ class TorchAttentionBackend(AttentionBackend):
         assert meta is not None, "plan() must run before forward()"
         self.pool.write(layer_id, meta.out_cache_loc, k, v)
         if self.decode:
-            return self._decode(layer_id, q)
+            return self.decoder.attend(layer_id, q)
         out = self._extend(layer_id, q)
         if self.mixed_rows is not None:
-            out.index_copy_(0, self.mixed_rows, self._decode(layer_id, q.index_select(0, self.mixed_rows)))
+            out.index_copy_(0, self.mixed_rows, self.decoder.attend(layer_id, q.index_select(0, self.mixed_rows)))
         return out
 
     def _gather(self, layer_id: int, slots: torch.Tensor, buf: str = "main") -> tuple[torch.Tensor, torch.Tensor]:
@@ -147,26 +123,6 @@ class TorchAttentionBackend(AttentionBackend):
         torch.index_select(pool.k[layer_id], 0, slots, out=k_buf)
         torch.index_select(pool.v[layer_id], 0, slots, out=v_buf)
         return k_buf, v_buf
-
-    def _decode(self, layer_id: int, q: torch.Tensor) -> torch.Tensor:
-        batch, kvh, d = q.shape[0], self.num_kv_heads, self.head_dim
-        k_all, v_all = self._gather(layer_id, self.decode_index)
-        k_all = k_all.view(batch, self.decode_len, kvh, d).transpose(1, 2).to(q.dtype)
-        v_all = v_all.view(batch, self.decode_len, kvh, d).transpose(1, 2).to(q.dtype)
-        q_folded = q.view(batch, kvh, self.group, d)
-        mask = self.decode_mask if self.decode_mask is None else self.decode_mask.to(q.dtype)
-        if self.shared_index is None:
-            out = F.scaled_dot_product_attention(q_folded, k_all, v_all, attn_mask=mask, scale=self.scale)
-            return out.reshape(batch, self.num_heads * d)
-        own, own_lse = cascade.attend(q_folded, k_all, v_all, mask, self.scale)
-        # The shared prefix: every row of a KV head at once, [1, kvh, batch * group, d].
-        k_p, v_p = self._gather(layer_id, self.shared_index, buf="shared")
-        q_all = q_folded.transpose(0, 1).reshape(1, kvh, batch * self.group, d)
-        k_p, v_p = (t.transpose(0, 1).unsqueeze(0).to(q.dtype) for t in (k_p, v_p))
-        shared, shared_lse = cascade.attend(q_all, k_p, v_p, None, self.scale)
-        shared = shared.view(kvh, batch, self.group, d).transpose(0, 1)
-        shared_lse = shared_lse.view(kvh, batch, self.group).transpose(0, 1)
-        return cascade.merge(own, own_lse, shared, shared_lse).reshape(batch, self.num_heads * d)
 
     def _extend(self, layer_id: int, q: torch.Tensor) -> torch.Tensor:
         """The extend_plan rows of `q`'s attention (rows of other requests are left unset)."""

@@ -140,8 +140,10 @@ def make_backend(name: str, kv_pool: KVPool, mc: ModelConfig) -> AttentionBacken
     """The attention backend registry: factories import lazily so CPU machines never import flashinfer."""
     if name == "torch":
         from kernels.torch_backend import TorchAttentionBackend
+        from runtime.cpu_kernels import load_cpu_kernels
 
-        return TorchAttentionBackend(kv_pool, mc.num_heads, mc.num_kv_heads, mc.head_dim)
+        kernels = load_cpu_kernels() if kv_pool.device.type == "cpu" else None
+        return TorchAttentionBackend(kv_pool, mc.num_heads, mc.num_kv_heads, mc.head_dim, kernels)
     if name == "flashinfer":
         from kernels.flashinfer_backend import FlashInferAttentionBackend
 

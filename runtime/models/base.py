@@ -137,12 +137,16 @@ class CausalLM(nn.Module):
         """hidden [N, hidden] -> fp32 logits [N, vocab]. Pass only the rows that need logits."""
         return self.lm_head(hidden).float()
 
-    def quantize_int8(self, lm_head: bool) -> None:
-        """Add int8 copies of the linear weights (the lm_head's too if `lm_head`), after loading,
-        before pack()."""
+    def quantize_int8(self) -> None:
+        """Add int8 copies of the decoder's linear weights, after loading, before pack().
+
+        The lm_head keeps full precision: its int8 error moved near-tied greedy tokens of the
+        default model's chat answers (fp32: 2 of 4 prompts unchanged for 32 tokens instead of
+        3), for 1.2x more single-stream speed on the AVX2 CPU.
+        """
         assert not self.is_packed, "quantize_int8() must run before pack()"
-        for module in self.modules():
-            if isinstance(module, Linear) and (lm_head or module is not self.lm_head):
+        for module in self.model.modules():
+            if isinstance(module, Linear):
                 module.quantize_int8()
 
     def pack(self) -> None:

@@ -42,9 +42,21 @@ def _reference(q, k_seq, v_seq, prefix_len):  # q [e, H, D], k_seq [n, KVH, D]
     return o.transpose(0, 1).reshape(e, -1)
 
 
+def _kernels(use: bool):
+    """Our built C++ kernels (a hard requirement: make setup builds them), or None."""
+    if not use:
+        return None
+    from runtime.cpu_kernels import load_cpu_kernels
+
+    kernels = load_cpu_kernels()
+    assert kernels is not None, "the C++ CPU kernels are not built: run `python -m runtime.cpu_kernels build`"
+    return kernels
+
+
+@pytest.mark.parametrize("use_kernels", [False, True], ids=["torch", "cpp"])
 @pytest.mark.parametrize("page_size", [1, 4])
 @pytest.mark.parametrize("extend_lens", [[1, 1, 1], [5, 1, 12], [7, 3, 2], [1, 6, 1], [3, 1, 1]])  # mixed: the last two
-def test_torch_backend_matches_dense(page_size: int, extend_lens: list[int]) -> None:
+def test_torch_backend_matches_dense(page_size: int, extend_lens: list[int], use_kernels: bool) -> None:
     gen = torch.Generator().manual_seed(0)
     seq_lens = [9, 14, 12]
     num_pages = 64
@@ -67,7 +79,7 @@ def test_torch_backend_matches_dense(page_size: int, extend_lens: list[int]) -> 
     new_k = torch.cat([k[n - e :] for k, n, e in zip(full_k, seq_lens, extend_lens)])
     new_v = torch.cat([v[n - e :] for v, n, e in zip(full_v, seq_lens, extend_lens)])
 
-    backend = TorchAttentionBackend(pool, HEADS, KV_HEADS, DIM)
+    backend = TorchAttentionBackend(pool, HEADS, KV_HEADS, DIM, _kernels(use_kernels))
     backend.plan(meta)
     for layer in range(LAYERS):
         out = backend.forward(layer, q, new_k, new_v)
@@ -133,10 +145,12 @@ def test_common_prefix_len_and_merge() -> None:
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
 @pytest.mark.parametrize("page_size", [1, 4])
 @pytest.mark.parametrize("prefill_too", [False, True])
-def test_shared_prefix_is_attended_once(dtype: torch.dtype, tol: float, page_size: int, prefill_too: bool) -> None:
+@pytest.mark.parametrize("use_kernels", [False, True], ids=["torch", "cpp"])
+def test_shared_prefix_is_attended_once(dtype: torch.dtype, tol: float, page_size: int, prefill_too: bool,
+                                        use_kernels: bool) -> None:
     """Nine decode rows (and, mixed, one prefill) share a 264-token KV prefix: the backend
     attends to it once (cascade) and still matches the dense per-request reference."""
-    from kernels.torch_backend import CASCADE_MIN_BATCH, CASCADE_MIN_SHARED
+    from kernels.decode_attention import CASCADE_MIN_BATCH, CASCADE_MIN_SHARED
 
     gen = torch.Generator().manual_seed(1)
     shared_len, own_lens = 264, [1, 3, 20, 7, 1, 12, 5, 9, 2]
@@ -164,9 +178,9 @@ def test_shared_prefix_is_attended_once(dtype: torch.dtype, tol: float, page_siz
     q = torch.randn(sum(extend_lens), HEADS, DIM, generator=gen).to(dtype)
     new_k = torch.cat([k[n - e :] for k, n, e in zip(full_k, seq_lens, extend_lens)]).to(dtype)
     new_v = torch.cat([v[n - e :] for v, n, e in zip(full_v, seq_lens, extend_lens)]).to(dtype)
-    backend = TorchAttentionBackend(pool, HEADS, KV_HEADS, DIM)
+    backend = TorchAttentionBackend(pool, HEADS, KV_HEADS, DIM, _kernels(use_kernels))
     backend.plan(meta)
-    assert backend.shared_index is not None and len(backend.shared_index) == shared_len
+    assert backend.decoder.shared_index is not None and len(backend.decoder.shared_index) == shared_len
     for layer in range(LAYERS):
         out = backend.forward(layer, q, new_k, new_v).float()
         start = 0
@@ -176,3 +190,30 @@ def test_shared_prefix_is_attended_once(dtype: torch.dtype, tol: float, page_siz
             err = ((out[start : start + e] - expected).norm() / expected.norm()).item()
             assert err <= tol, (n, e, err)
             start += e
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
+@pytest.mark.parametrize("head_dim,kv_heads,group", [(64, 3, 3), (128, 2, 4), (16, 2, 3)])  # specialised, specialised, generic
+def test_cpp_decode_kernel_matches_sdpa(dtype: torch.dtype, tol: float, head_dim: int, kv_heads: int, group: int) -> None:
+    """The kernel alone against SDPA over gathered KV, ragged lengths, scattered slots; its
+    log-sum-exp against the exact one."""
+    kernels = _kernels(True)
+    gen = torch.Generator().manual_seed(7)
+    lens, slots_total = [1, 37, 5, 64], 400
+    k_pool = torch.randn(slots_total, kv_heads, head_dim, generator=gen).to(dtype)
+    v_pool = torch.randn(slots_total, kv_heads, head_dim, generator=gen).to(dtype)
+    slots = (torch.randperm(slots_total - 1, generator=gen)[: sum(lens)] + 1).to(torch.int64)
+    indptr = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int64)
+    q = torch.randn(len(lens), kv_heads * group, head_dim, generator=gen).to(dtype)
+    out, lse = kernels.decode_attention(q, k_pool, v_pool, slots, indptr, head_dim**-0.5)
+    assert out.dtype == dtype and lse.dtype == torch.float32 and lse.shape == (len(lens), kv_heads * group)
+    for b, n in enumerate(lens):
+        s = slots[indptr[b] : indptr[b + 1]]
+        k = k_pool[s].float().repeat_interleave(group, dim=1).transpose(0, 1)  # [H, n, D]
+        v = v_pool[s].float().repeat_interleave(group, dim=1).transpose(0, 1)
+        qb = q[b].float()[:, None, :]  # [H, 1, D]
+        want = F.scaled_dot_product_attention(qb, k, v)[:, 0]
+        err = ((out[b].float() - want).norm() / want.norm()).item()
+        assert err <= tol, (b, err)
+        exact = torch.logsumexp((qb @ k.transpose(1, 2))[:, 0] * head_dim**-0.5, dim=-1)
+        torch.testing.assert_close(lse[b], exact, rtol=1e-4, atol=1e-4)

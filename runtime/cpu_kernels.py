@@ -1,0 +1,51 @@
+"""Where our C++ CPU kernels are built and whether serving uses them.
+
+    python -m runtime.cpu_kernels build     # scripts/setup.sh runs it (about 20 s, once)
+    ext = load_cpu_kernels()                # the module, or None: then the torch path runs
+
+Builds live in `<RADIXSERVE_CACHE_DIR>/ext/<key>/` (see kernels/cpu_ext.py for the key).
+Serving never compiles: without a build it logs one warning and uses the torch path.
+`RADIXSERVE_CPU_KERNELS=0` turns the kernels off.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from kernels import cpu_ext
+from runtime import env
+from runtime.device import read_cpu_flags
+
+logger = logging.getLogger("radixserve.kernels")
+
+
+def kernels_dir() -> Path:
+    """The build folder for this machine: keyed by the CPU's own flags (the build is -march=native),
+    not by what torch was told to use, so an emulated AVX2 run still finds the native build."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            flags = " ".join(sorted(read_cpu_flags(fh.read())))
+    except OSError:
+        flags = "unknown"
+    return env.cache_dir() / "ext" / cpu_ext.build_key(flags)
+
+
+@functools.cache
+def load_cpu_kernels() -> ModuleType | None:
+    if not env.get_bool("CPU_KERNELS", True):
+        return None
+    path = cpu_ext.built_module(kernels_dir())
+    if path is None:
+        logger.warning("the C++ CPU kernels are not built (run `make setup`); using the slower torch path")
+        return None
+    return cpu_ext.import_built(path)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["build"]:
+        raise SystemExit("usage: python -m runtime.cpu_kernels build [-v]")
+    print(cpu_ext.build(kernels_dir(), verbose="-v" in sys.argv))
