@@ -2,8 +2,8 @@
 
 `plan()` once per batch, `attend()` per layer. Two ways to read the KV:
   - the C++ kernel (`kernels/csrc/decode_attention.cpp`, when built): reads each request's K/V
-    rows straight from the pool by slot, once for all query heads that share them (1.4-2.5x the
-    speed of the torch way at 16 requests, more at long contexts);
+    rows straight from the pool by slot, once for all query heads that share them (3x the speed
+    of the torch way at 16 requests of 384 tokens, 4x at 1160);
   - the torch way: gather every request's KV into a padded [B, max_len] buffer, then one SDPA.
 Rows that all share a long KV prefix attend to it once (cascade, `kernels/cascade.py`); their own
 tokens go either way above, and the two parts are merged by log-sum-exp.
@@ -22,11 +22,12 @@ from runtime.kv_pool import KVPool
 
 Gather = Callable[[int, torch.Tensor, str], tuple[torch.Tensor, torch.Tensor]]
 
-# Cascade the shared prefix of a decode batch when at least this many rows share at least this
-# many KV tokens. Measured (bf16, 2 cores, torch way): B=8 with 256 shared 17.0 vs 18.9 ms a
-# step, B=16 with 512 shared 24.6 vs 32.7 ms; below (B=4, or 128 shared) it did not pay.
-CASCADE_MIN_BATCH = 8
-CASCADE_MIN_SHARED = 256
+# Cascade the shared prefix of a decode batch when at least (rows, shared KV tokens) share it.
+# Measured a step, bf16, 2 cores. The torch way: B=8 with 256 shared 17.0 vs 18.9 ms, B=16 with
+# 512 shared 24.6 vs 32.7 ms; not at B=4 or 128 shared. Our kernel reads the KV far faster, so
+# only more sharing pays: B=16 with 512 shared 24.2 vs 25.2 ms, with 1024 27.3 vs 31.0, B=32
+# with 1024 42.6 vs 52.9; B=8 with 1024 or B=12 with 768 were even, B=8 with 256 lost.
+CASCADE_MIN = {"torch": (8, 256), "kernel": (16, 512)}
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 
 
@@ -49,10 +50,11 @@ class DecodeAttention:
         padded = torch.zeros((batch, max_len), dtype=torch.int64, device=device)
         padded[valid] = slots
         # Every row keeps its newest token (its own slot) out of the shared part.
-        shared = cascade.common_prefix_len(padded, min(seq_lens) - 1) if batch >= CASCADE_MIN_BATCH else 0
+        min_batch, min_shared = CASCADE_MIN["torch" if self.kernels is None else "kernel"]
+        shared = cascade.common_prefix_len(padded, min(seq_lens) - 1) if batch >= min_batch else 0
         self.shared_index = None
         own_lens = seq_lens
-        if shared >= CASCADE_MIN_SHARED:
+        if shared >= min_shared:
             self.shared_index = padded[0, :shared]
             padded, valid = padded[:, shared:].contiguous(), valid[:, shared:]
             own_lens = [n - shared for n in seq_lens]

@@ -68,7 +68,7 @@ void decode_attention_impl(const T* q, const T* k_pool, const T* v_pool, const i
       load_row(q_rows, qf.data(), group * head_dim);
       for (int64_t i = 0; i < group * head_dim; ++i) qf[i] *= scale;
       scores.assign(group * len, 0.0f);
-      for (int64_t g = 0; g < group; ++g) row_max[g] = -std::numeric_limits<float>::infinity();
+      for (int64_t g = 0; g < group; ++g) row_max[g] = std::numeric_limits<float>::lowest();
       // Scores: each K row is read once and dotted with every query row of the group.
       for (int64_t l = 0; l < len; ++l) {
         if (l + kPrefetch < len) prefetch_row(k_pool + slots[start + l + kPrefetch] * row_stride + kh * head_dim, head_dim);
@@ -89,7 +89,7 @@ void decode_attention_impl(const T* q, const T* k_pool, const T* v_pool, const i
         const float top = row_max[g];
 #pragma omp simd reduction(+ : sum)
         for (int64_t l = 0; l < len; ++l) {
-          sg[l] = std::exp(sg[l] - top);  // vectorized (libmvec) under -fno-math-errno
+          sg[l] = std::exp(sg[l] - top);  // vectorized by libmvec (needs -ffast-math)
           sum += sg[l];
         }
         row_sum[g] = sum;

@@ -148,16 +148,17 @@ def test_common_prefix_len_and_merge() -> None:
 @pytest.mark.parametrize("use_kernels", [False, True], ids=["torch", "cpp"])
 def test_shared_prefix_is_attended_once(dtype: torch.dtype, tol: float, page_size: int, prefill_too: bool,
                                         use_kernels: bool) -> None:
-    """Nine decode rows (and, mixed, one prefill) share a 264-token KV prefix: the backend
+    """Sixteen decode rows (and, mixed, one prefill) share a 520-token KV prefix: the backend
     attends to it once (cascade) and still matches the dense per-request reference."""
-    from kernels.decode_attention import CASCADE_MIN_BATCH, CASCADE_MIN_SHARED
+    from kernels.decode_attention import CASCADE_MIN
 
     gen = torch.Generator().manual_seed(1)
-    shared_len, own_lens = 264, [1, 3, 20, 7, 1, 12, 5, 9, 2]
+    shared_len, own_lens = 520, [1, 3, 20, 7, 1, 12, 5, 9, 2, 4, 8, 1, 30, 6, 2, 11]
     extend_lens = [1] * len(own_lens)
     if prefill_too:
         own_lens, extend_lens = own_lens + [6], extend_lens + [6]
-    assert len(own_lens) >= CASCADE_MIN_BATCH and shared_len >= CASCADE_MIN_SHARED
+    min_batch, min_shared = CASCADE_MIN["kernel" if use_kernels else "torch"]
+    assert len(own_lens) - prefill_too >= min_batch and shared_len >= min_shared
     shared_pages = list(range(1, 1 + shared_len // page_size))
     nxt = shared_pages[-1] + 1
     page_lists, seq_lens = [], []
