@@ -47,8 +47,9 @@ def _ok_runs(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _title(report: dict[str, Any], what: str) -> str:
     cpu = report.get("cpu", {})
-    name = cpu.get("model_name") or cpu.get("model") or "CPU"
-    return f"{what}\n{name}, {report.get('date', '')}"
+    flags = [f for f, on in (cpu.get("flags") or {}).items() if on]
+    name = f"{cpu.get('Model name', 'CPU')}, {cpu.get('nproc', '?')} cores ({' '.join(flags)})"
+    return f"{what}\n{name}, {str(report.get('date', ''))[:16]}; * = runs with failed requests"
 
 
 def _detailed(run: dict[str, Any]) -> dict[str, Any] | None:
@@ -74,13 +75,15 @@ def plot_peer_throughput(report: dict[str, Any], out: str) -> str:
     workloads = [w for w in ("c1", "c4", "c16", "c64", "prefix") if any(r["workload"] == w for r in runs)]
     systems = list(dict.fromkeys(r["label"] for r in runs))
     value = {(r["label"], r["workload"]): r["metrics"]["output_throughput"] for r in runs}
+    unclean = {(r["label"], r["workload"]) for r in runs if r.get("problems")}
     fig, ax = plt.subplots(figsize=(max(6, 1.8 * len(workloads) + 2), 4.2))
     width = 0.8 / max(len(systems), 1)
     for i, system in enumerate(systems):
         xs = [j + i * width for j in range(len(workloads))]
         ys = [value.get((system, w), 0.0) for w in workloads]
         bars = ax.bar(xs, ys, width, label=system)
-        ax.bar_label(bars, fmt="%.0f", fontsize=7)
+        marks = [f"{y:.0f}" + ("*" if (system, w) in unclean else "") for y, w in zip(ys, workloads)]
+        ax.bar_label(bars, labels=marks, fontsize=7)
     ax.set_xticks([j + width * (len(systems) - 1) / 2 for j in range(len(workloads))], workloads)
     ax.set_ylabel("output tokens/s")
     ax.set_title(_title(report, "Output throughput, same client (vllm bench serve)"), fontsize=9)
@@ -93,8 +96,12 @@ def plot_peer_latency(report: dict[str, Any], out: str, metric: str) -> str:
     plt = _plt()
     runs = _ok_runs(report)
     workloads = list(dict.fromkeys(r["workload"] for r in runs))
-    fig, axes = plt.subplots(1, len(workloads), figsize=(4 * len(workloads), 4), squeeze=False)
-    for ax, workload in zip(axes[0], workloads):
+    cols = min(3, len(workloads))
+    rows = -(-len(workloads) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 4 * rows), squeeze=False)
+    for ax in axes.flat[len(workloads):]:
+        ax.set_visible(False)
+    for ax, workload in zip(axes.flat, workloads):
         labels, data = [], []
         for run in (r for r in runs if r["workload"] == workload):
             detail = _detailed(run)
@@ -106,7 +113,7 @@ def plot_peer_latency(report: dict[str, Any], out: str, metric: str) -> str:
                 data.append(values)
         if data:
             ax.boxplot(data, showfliers=False)
-            ax.set_xticks(range(1, len(labels) + 1), labels, fontsize=6)
+            ax.set_xticks(range(1, len(labels) + 1), labels, fontsize=6, rotation=20)
         ax.set_title(workload, fontsize=9)
         ax.set_ylabel(f"{metric.upper()} ms")
     fig.suptitle(_title(report, f"{metric.upper()} per request (box: quartiles, whiskers 1.5 IQR)"), fontsize=9)
@@ -118,7 +125,7 @@ def plot_peer_concurrency(report: dict[str, Any], out: str) -> str | None:
     if len({r["workload"] for r in runs}) < 2:
         return None
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
     by_system: dict[str, list[tuple[int, float]]] = defaultdict(list)
     for r in runs:
         by_system[r["label"]].append((CONCURRENCY_WORKLOADS[r["workload"]], r["metrics"]["output_throughput"]))
