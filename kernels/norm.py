@@ -1,6 +1,12 @@
-"""RMSNorm computed in fp32 and cast back, with the fused residual-add form used between layers."""
+"""RMSNorm computed in fp32 and cast back, with the fused residual-add form used between layers.
+
+With our C++ CPU kernels set (`kernels`, see runtime/cpu_kernels.py) a 2-D call is one fused op
+with the same rounding order (bit-identical in bf16); otherwise, and for other shapes, torch ops.
+"""
 
 from __future__ import annotations
+
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
@@ -13,12 +19,16 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim, dtype=dtype, device=device), requires_grad=False)
         self.eps = eps
         self.normalized_shape = (dim,)
+        self.kernels: ModuleType | None = None  # our C++ CPU kernels, when the model uses them
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         """Without `residual`: norm(x). With it: (norm(x + residual), x + residual), as in SGLang.
 
         The add happens in the activation dtype (as in HF); the normalization in fp32.
         """
+        if self.kernels is not None and x.dim() == 2 and x.is_contiguous():
+            out, summed = self.kernels.rms_norm(x, residual, self.weight, self.eps)
+            return out if residual is None else (out, summed)
         if residual is None:
             return self._norm(x)
         x = x + residual

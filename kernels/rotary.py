@@ -7,7 +7,7 @@ a forward step looks up its positions once (`lookup`) and every layer reuses the
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -36,6 +36,14 @@ def _llama3_scaled(inv_freq: torch.Tensor, s: dict[str, Any]) -> torch.Tensor:
     return torch.where(is_medium, smoothed, scaled)
 
 
+class RotaryRows(NamedTuple):
+    """One step's rotary rows: cos and signed sin [T, 1, head_dim] (views), and the rows [T, 2 * head_dim]."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    table: torch.Tensor
+
+
 class RotaryEmbedding(nn.Module):
     """Holds the table [max_positions, 2 * head_dim]: cos then sign-folded sin, per position.
 
@@ -61,14 +69,16 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos_sin", table.to(device=device, dtype=dtype), persistent=False)
         self.head_dim = head_dim
 
-    def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(cos, signed sin), each [T, 1, head_dim], for the tokens at `positions` [T]."""
-        cos_sin = self.cos_sin.index_select(0, positions).unsqueeze(1)
-        return cos_sin[..., : self.head_dim], cos_sin[..., self.head_dim :]
+    def lookup(self, positions: torch.Tensor) -> RotaryRows:
+        """The table rows of the tokens at `positions` [T]: once per step, for every layer."""
+        table = self.cos_sin.index_select(0, positions)
+        rows = table.unsqueeze(1)
+        return RotaryRows(rows[..., : self.head_dim], rows[..., self.head_dim :], table)
 
     @staticmethod
-    def apply(x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        """x [T, heads, head_dim] rotated by its positions' angles: x * cos + rotate_half(x) * sin."""
-        cos, sin = cos_sin
+    def apply(x: torch.Tensor, rows: RotaryRows) -> torch.Tensor:
+        """x [T, heads, head_dim] rotated by its positions' angles: x * cos + rotate_half(x) * sin.
+        (Our C++ kernel `rotary(x, rows.table)` computes the same, with the same roundings.)"""
+        cos, sin = rows.cos, rows.sin
         x1, x2 = x.chunk(2, dim=-1)
         return torch.addcmul(x * cos, torch.cat((x2, x1), dim=-1), sin)

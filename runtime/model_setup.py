@@ -120,6 +120,10 @@ def load_model_for_serving(config: ServerConfig) -> LoadedModel:
         config.model_path, model_config, dtype, device, load_format=config.load_format, seed=config.random_seed,
         quantization=config.quantization,
     )
+    if device.type == "cpu" and dtype in (torch.float32, torch.bfloat16):  # the kernels' dtypes
+        from runtime.cpu_kernels import load_cpu_kernels
+
+        model.use_cpu_kernels(load_cpu_kernels())
     kv_dtype = DTYPES[config.kv_cache_dtype]
     ps = config.page_size
     max_total = config.max_total_tokens or _cuda_kv_tokens(config, model_config, kv_dtype)

@@ -156,7 +156,7 @@ std::vector<torch::Tensor> decode_attention(torch::Tensor q, torch::Tensor k_poo
 
 }  // namespace
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+void register_decode_attention(pybind11::module& m) {
   m.def("decode_attention", &decode_attention,
         "paged decode attention over one layer of the KV pool: (out, lse)");
 }

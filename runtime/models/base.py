@@ -11,6 +11,7 @@ Parameter names follow the HF checkpoint's, except the fused `qkv_proj` (q, k, v
 from __future__ import annotations
 
 from collections.abc import Iterable
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
@@ -19,7 +20,7 @@ from torch import nn
 from kernels.base import AttentionBackend
 from kernels.linear import Linear
 from kernels.norm import RMSNorm
-from kernels.rotary import RotaryEmbedding
+from kernels.rotary import RotaryEmbedding, RotaryRows
 from runtime.errors import UnsupportedModel
 from runtime.models.config import ModelConfig
 
@@ -36,12 +37,13 @@ class Attention(nn.Module):
         kw = dict(dtype=dtype, device=device)
         self.qkv_proj = Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=cfg.qkv_bias, **kw)
         self.o_proj = Linear(cfg.q_size, cfg.hidden_size, bias=cfg.o_bias, **kw)
+        self.kernels: ModuleType | None = None  # our C++ CPU kernels: the rotary in one op
         self.qk_norm = cfg.qk_norm
         if cfg.qk_norm:
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, **kw)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, **kw)
 
-    def forward(self, h: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor], backend: AttentionBackend) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, cos_sin: RotaryRows, backend: AttentionBackend) -> torch.Tensor:
         T, nh = h.shape[0], self.num_heads
         qkv = self.qkv_proj(h)
         # q and k are adjacent in qkv: rotate them together as one [T, nh + nkv, d] tensor.
@@ -49,7 +51,10 @@ class Attention(nn.Module):
         v = qkv[:, self.q_size + self.kv_size :].view(T, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             qk = torch.cat([self.q_norm(qk[:, :nh]), self.k_norm(qk[:, nh:])], dim=1)
-        qk = RotaryEmbedding.apply(qk, cos_sin)
+        if self.kernels is not None:
+            qk = self.kernels.rotary(qk, cos_sin.table)
+        else:
+            qk = RotaryEmbedding.apply(qk, cos_sin)
         # NOTE: q, k and v are strided views (rows of a wider tensor); split dims with view, not flatten T.
         out = backend.forward(self.layer_id, qk[:, :nh], qk[:, nh:], v)
         return self.o_proj(out)
@@ -61,9 +66,13 @@ class MLP(nn.Module):
         kw = dict(bias=cfg.mlp_bias, dtype=dtype, device=device)
         self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, **kw)
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, **kw)
+        self.kernels: ModuleType | None = None  # our C++ CPU kernels: SiLU(gate) * up in one op
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(h).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(h)
+        if self.kernels is not None:
+            return self.down_proj(self.kernels.silu_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -108,6 +117,8 @@ class DecoderModel(nn.Module):
         return h
 
 
+REFINED_TOP = 8  # logits per row recomputed in fp32 (see CausalLM.compute_logits)
+
 # HF projection name -> (fused module name, shard index). Shards are stacked along dim 0 in order.
 FUSED_SHARDS = {
     "q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
@@ -128,14 +139,41 @@ class CausalLM(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.is_packed = False
+        # The lm_head's plain weight kept by pack(), which drops the layer's own copy (when
+        # tied it is the embeddings, so nothing extra), for refining the top logits.
+        self.head_weight: torch.Tensor | None = None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, backend: AttentionBackend) -> torch.Tensor:
         """input_ids, positions: int64 [T] -> final hidden states [T, hidden] (model dtype)."""
         return self.model(input_ids, positions, backend)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [N, hidden] -> fp32 logits [N, vocab]. Pass only the rows that need logits."""
-        return self.lm_head(hidden).float()
+        """hidden [N, hidden] -> fp32 logits [N, vocab]. Pass only the rows that need logits.
+
+        In a 16-bit dtype the lm_head's output is rounded to it: at logits of ~16 that is a step of
+        0.06, as much as the margin between the top two tokens of many real answers (the default
+        model's "capital of France" answer starts on a 0.1-nat tie in bf16, and flipped with
+        rounding-level changes elsewhere). So the REFINED_TOP largest logits of each row are
+        recomputed with fp32 accumulation and kept in fp32: greedy choices and the chosen
+        tokens' log-probs follow the fp32 projection, for a top-k and a [N, k, hidden] product.
+        """
+        logits = self.lm_head(hidden).float()
+        weight = self.head_weight if self.head_weight is not None else self.lm_head.weight
+        if hidden.dtype == torch.float32 or weight is None:
+            return logits
+        top = logits.topk(min(REFINED_TOP, logits.shape[1]), dim=-1).indices  # [N, k]
+        rows = weight.index_select(0, top.reshape(-1)).view(*top.shape, -1).float()
+        exact = torch.bmm(rows, hidden.float().unsqueeze(-1)).squeeze(-1)
+        if self.lm_head.bias is not None:
+            exact += self.lm_head.bias.float()[top]
+        return logits.scatter_(1, top, exact)
+
+    def use_cpu_kernels(self, kernels: ModuleType | None) -> None:
+        """Run the norms, the MLP activation and the rotary through our fused C++ CPU kernels
+        (None: torch ops)."""
+        for module in self.modules():
+            if isinstance(module, (RMSNorm, MLP, Attention)):
+                module.kernels = kernels
 
     def quantize_int8(self) -> None:
         """Add int8 copies of the decoder's linear weights, after loading, before pack().
@@ -151,6 +189,8 @@ class CausalLM(nn.Module):
 
     def pack(self) -> None:
         """Prepack every linear weight for the device, once, after loading."""
+        if self.dtype != torch.float32 and self.lm_head.weight is not None:
+            self.head_weight = self.lm_head.weight.detach()
         for module in self.modules():
             if isinstance(module, Linear):
                 module.pack()

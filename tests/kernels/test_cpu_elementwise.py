@@ -1,0 +1,83 @@
+"""Our fused C++ CPU kernels for the per-token ops (RMSNorm with the residual add, SiLU * up, the
+rotary embedding) against the torch ops they replace: bit-identical in bf16 (the same rounding
+order), within fp32 rounding in fp32; and a whole model with them against one without."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels.norm import RMSNorm
+from kernels.rotary import RotaryEmbedding
+from runtime.cpu_kernels import load_cpu_kernels
+
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    module = load_cpu_kernels()
+    assert module is not None, "the C++ CPU kernels are not built: run `python -m runtime.cpu_kernels build`"
+    return module
+
+
+def _close(got: torch.Tensor, want: torch.Tensor) -> None:
+    assert got.dtype == want.dtype and got.shape == want.shape
+    if got.dtype == torch.bfloat16:
+        assert torch.equal(got, want), (got.float() - want.float()).abs().max()
+    else:
+        torch.testing.assert_close(got, want, rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 5, 64])
+def test_rms_norm_with_and_without_residual(kernels, dtype: torch.dtype, rows: int) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    norm = RMSNorm(96, 1e-6, dtype=dtype)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(96, generator=gen) + 0.5)
+    x, residual = (torch.randn(rows, 96, generator=gen).to(dtype) * 3 for _ in range(2))
+    want_plain, (want_normed, want_sum) = norm(x), norm(x, residual)
+    norm.kernels = kernels
+    got_plain, (got_normed, got_sum) = norm(x), norm(x, residual)
+    _close(got_plain, want_plain)
+    _close(got_normed, want_normed)
+    assert torch.equal(got_sum, want_sum)  # the residual sum is one rounding either way
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_mul(kernels, dtype: torch.dtype) -> None:
+    gate_up = torch.randn(7, 2 * 40, generator=torch.Generator().manual_seed(1)).to(dtype) * 4
+    gate, up = gate_up.chunk(2, dim=-1)
+    _close(kernels.silu_mul(gate_up), F.silu(gate) * up)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rotary_on_strided_rows(kernels, dtype: torch.dtype) -> None:
+    rotary = RotaryEmbedding(32, 128, 10000.0, dtype=dtype)
+    gen = torch.Generator().manual_seed(2)
+    qkv = torch.randn(9, (4 + 2 + 2) * 32, generator=gen).to(dtype)
+    qk = qkv[:, : 6 * 32].view(9, 6, 32)  # rows strided by the v columns, as in the model
+    rows = rotary.lookup(torch.tensor([0, 1, 2, 50, 51, 127, 3, 3, 9]))
+    _close(kernels.rotary(qk, rows.table), RotaryEmbedding.apply(qk, rows))
+
+
+@pytest.mark.parametrize("dtype,tol", [("float32", 1e-5), ("bfloat16", 2e-2)])
+def test_model_with_kernels_matches_without(default_model_path: str, dtype: str, tol: float) -> None:
+    from runtime.static_batch import StaticBatch
+
+    prompt = list(range(200, 260))
+    engines = [StaticBatch.create(default_model_path, dtype=dtype, max_total_tokens=512, max_running_requests=2)
+               for _ in range(2)]
+    engines[1].runner.model.use_cpu_kernels(None)
+    engines[1].runner.backend.decoder.kernels = None
+    logits = []
+    for engine in engines:
+        seq = engine.new_seq(prompt)
+        for token in (300, 301, 302, 303):  # the same tokens for both: prefill, then decode steps
+            result = engine.step([seq], keep_logits=True)
+            seq.tokens.append(token)
+        logits.append(result.last_logits[0])
+    err = ((logits[0] - logits[1]).norm() / logits[1].norm()).item()
+    assert err <= tol, err
