@@ -264,6 +264,14 @@ def ratio(a, b) -> float | None:
     return a / b
 
 
+def table_head(first: str, workloads: list[str], columns: tuple[str, str, str]) -> list[str]:
+    """A markdown table's header and rule: `first`, then the three columns per workload."""
+    head = [first]
+    for w in workloads:
+        head += [f"{WORKLOAD_TITLES.get(w, w)}: {columns[0]}", *columns[1:]]
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+
 def markdown(runs: list[dict], baseline: str) -> str:
     systems: list[str] = []
     workloads: list[str] = []
@@ -284,12 +292,7 @@ def markdown(runs: list[dict], baseline: str) -> str:
         return (run.get("metrics") or {}).get(key)
 
     lines = []
-    head = ["system"]
-    for w in workloads:
-        t = WORKLOAD_TITLES.get(w, w)
-        head += [f"{t}: out tok/s", "TTFT med ms", "TPOT med ms"]
-    lines.append("| " + " | ".join(head) + " |")
-    lines.append("|" + "---|" * len(head))
+    lines += table_head("system", workloads, ("out tok/s", "TTFT med ms", "TPOT med ms"))
     notes = []
     recounted: list[str] = []
     noisy: list[str] = []
@@ -347,12 +350,7 @@ def markdown(runs: list[dict], baseline: str) -> str:
             "median TTFT and median TPOT (<1: radixserve faster)."
         )
         lines.append("")
-        head = ["peer"]
-        for w in workloads:
-            t = WORKLOAD_TITLES.get(w, w)
-            head += [f"{t}: tok/s x", "TTFT x", "TPOT x"]
-        lines.append("| " + " | ".join(head) + " |")
-        lines.append("|" + "---|" * len(head))
+        lines += table_head("peer", workloads, ("tok/s x", "TTFT x", "TPOT x"))
         for p in peers:
             row = [labels[p]]
             for w in workloads:
