@@ -35,6 +35,11 @@ class ForwardMetadata:
     # Host copies of the lengths, so a backend never needs a device->host sync to plan.
     seq_lens: list[int]  # [B] tokens of KV per request after this step
     extend_lens: list[int]  # [B] new tokens per request in this step
+    # The same indptrs as host tensors (pinned on CUDA): FlashInfer's plan() reads them on the
+    # host, and given device tensors it would copy them back with a blocking copy every batch.
+    qo_indptr_host: torch.Tensor  # int32 [B+1]
+    kv_indptr_host: torch.Tensor  # int32 [B+1]
+    kv_last_page_len_host: torch.Tensor  # int32 [B]
 
     @property
     def batch_size(self) -> int:
@@ -68,3 +73,11 @@ class AttentionBackend(ABC):
             [T, num_heads * head_dim], causal attention of each new token over its request's
             cached prefix and the new tokens up to and including itself.
         """
+
+    def init_cuda_graph(self, sizes: list[int], max_pages: int) -> None:
+        """Prepare per-batch-size state for decode graphs of these sizes (default: none needed)."""
+
+    def plan_cuda_graph(self, size: int, meta: ForwardMetadata) -> None:
+        """Plan a graph replay of a `size`-row decode batch. A backend without graph support
+        plans eagerly (the CPU stand-in graphs rerun the forward, so that is all they need)."""
+        self.plan(meta)

@@ -1,67 +1,134 @@
 """Paged attention with FlashInfer's batch wrappers (CUDA only; imported lazily).
 
-NOTE: written against FlashInfer's documented Python API (BatchPrefillWithPagedKVCacheWrapper /
-BatchDecodeWithPagedKVCacheWrapper: plan() once per batch, run() per layer, NHD layout) and not
-yet run on a GPU: our machines have none. `tests/kernels/test_flashinfer_backend.py` compares it
-with the torch backend and skips without CUDA.
+Written against FlashInfer 0.6.x's Python API (`BatchPrefillWithPagedKVCacheWrapper`,
+`BatchDecodeWithPagedKVCacheWrapper`: plan() once per batch on the host, run() per layer, NHD
+pages) the way SGLang drives it, and NOT yet run on a GPU (see the README). On CPU its calls are
+checked against a stand-in module with FlashInfer's signatures (`tests/kernels/fake_flashinfer.py`).
+
+How it is used, and why:
+- Decode runs FlashInfer's tensor-core kernels where the GQA group needs them or gains from them
+  (`kernels/flashinfer_support.py`); prefill is pinned to the FA2 kernels, as in SGLang.
+- plan() receives the indptrs and last-page lengths as host tensors (pinned): given device
+  tensors it copies them back to the host, a blocking copy per batch. The page list stays on
+  the device. q is passed in the model dtype, planned as `q_data_type`.
+- plan() stages its scheduling data in a pinned host buffer of the wrapper and queues an
+  unfenced copy of it: with nothing else syncing, the next plan() could overwrite that buffer
+  before the copy ran. Each wrapper's staging buffer is therefore swapped for pageable memory,
+  whose copies are staged by the driver at once (what vLLM does).
+- CUDA graphs: one decode wrapper per captured batch size in graph mode, over slices of shared
+  index buffers sized for the largest bucket; planned before each replay, its run() captured.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from kernels.base import AttentionBackend, ForwardMetadata
+from kernels.flashinfer_support import PREFILL_BACKEND, WORKSPACE_BYTES, decode_uses_tensor_cores
+from runtime.device import dtype_name
 from runtime.kv_pool import KVPool
 
-WORKSPACE_BYTES = 128 * 1024 * 1024
+
+def unfence_plan_staging(wrapper: Any) -> None:
+    """Give a wrapper pageable plan staging memory (see the module notes). The attribute is
+    FlashInfer's private one; a version without it stages differently and is left alone."""
+    staging = getattr(wrapper, "_pin_memory_int_workspace_buffer", None)
+    if isinstance(staging, torch.Tensor):
+        wrapper._pin_memory_int_workspace_buffer = torch.empty(staging.shape, dtype=staging.dtype, device="cpu")
 
 
 class FlashInferAttentionBackend(AttentionBackend):
-    """One prefill and one decode wrapper sharing a workspace; the pool is read as NHD pages."""
+    """One prefill and one decode wrapper sharing a workspace (plus the graph decode wrappers)."""
 
-    def __init__(self, pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
+    def __init__(
+        self, pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int, q_dtype: torch.dtype,
+        workspace_bytes: int = WORKSPACE_BYTES,
+    ) -> None:
         import flashinfer
 
+        self.flashinfer = flashinfer
         self.pool = pool
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
-        workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=pool.device)
-        self.prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
-        self.decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD")
+        self.q_dtype = q_dtype
+        self.use_tensor_cores = decode_uses_tensor_cores(num_heads, num_kv_heads, dtype_name(pool.dtype))
+        # FlashInfer asks for a zeroed workspace on first use (its split-KV kernels read regions
+        # a forward may not have written).
+        self.workspace = torch.zeros(workspace_bytes, dtype=torch.uint8, device=pool.device)
+        self.prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend=PREFILL_BACKEND)
+        self.decode = self._decode_wrapper()
+        unfence_plan_staging(self.prefill)
+        self.graph_decode: dict[int, Any] = {}
         self.meta: ForwardMetadata | None = None
-        self.is_decode = False
+        self.wrapper: Any = None
 
-    def plan(self, meta: ForwardMetadata) -> None:
-        self.meta = meta
-        self.is_decode = meta.is_decode
-        common = dict(
+    def _decode_wrapper(self, **graph_buffers: Any) -> Any:
+        wrapper = self.flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            self.workspace, "NHD", use_tensor_cores=self.use_tensor_cores, **graph_buffers
+        )
+        unfence_plan_staging(wrapper)
+        return wrapper
+
+    def _common(self, meta: ForwardMetadata) -> dict[str, Any]:
+        return dict(
             num_qo_heads=self.num_heads,
             num_kv_heads=self.num_kv_heads,
             page_size=meta.page_size,
-            q_data_type=self.pool.dtype,
+            q_data_type=self.q_dtype,
             kv_data_type=self.pool.dtype,
+            non_blocking=True,
         )
-        if self.is_decode:
-            self.decode.plan(
-                meta.kv_indptr, meta.kv_indices, meta.kv_last_page_len, head_dim=self.head_dim, **common
+
+    def plan(self, meta: ForwardMetadata) -> None:
+        self.meta = meta
+        if meta.is_decode:
+            self.wrapper = self.decode
+            self._plan_decode(self.decode, meta)
+            return
+        self.wrapper = self.prefill
+        self.prefill.plan(
+            meta.qo_indptr_host,
+            meta.kv_indptr_host,
+            meta.kv_indices,
+            meta.kv_last_page_len_host,
+            head_dim_qk=self.head_dim,
+            causal=True,
+            **self._common(meta),
+        )
+
+    def _plan_decode(self, wrapper: Any, meta: ForwardMetadata) -> None:
+        wrapper.plan(
+            meta.kv_indptr_host, meta.kv_indices, meta.kv_last_page_len_host, head_dim=self.head_dim,
+            **self._common(meta),
+        )
+
+    def init_cuda_graph(self, sizes: list[int], max_pages: int) -> None:
+        """One graph-mode decode wrapper per batch size, over slices of shared buffers."""
+        device = self.pool.device
+        largest = max(sizes)
+        indptr = torch.zeros(largest + 1, dtype=torch.int32, device=device)
+        indices = torch.zeros(max_pages, dtype=torch.int32, device=device)
+        last_page_len = torch.ones(largest, dtype=torch.int32, device=device)
+        for size in sizes:
+            self.graph_decode[size] = self._decode_wrapper(
+                use_cuda_graph=True,
+                paged_kv_indptr_buffer=indptr[: size + 1],
+                paged_kv_indices_buffer=indices,
+                paged_kv_last_page_len_buffer=last_page_len[:size],
             )
-        else:
-            self.prefill.plan(
-                meta.qo_indptr,
-                meta.kv_indptr,
-                meta.kv_indices,
-                meta.kv_last_page_len,
-                head_dim_qk=self.head_dim,
-                causal=True,
-                **common,
-            )
+
+    def plan_cuda_graph(self, size: int, meta: ForwardMetadata) -> None:
+        """Plan the graph wrapper of `size` (it copies the batch's indices into its buffers)."""
+        self.meta = meta
+        self.wrapper = self.graph_decode[size]
+        self._plan_decode(self.wrapper, meta)
 
     def forward(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         meta = self.meta
         assert meta is not None, "plan() must run before forward()"
         self.pool.write(layer_id, meta.out_cache_loc, k, v)
-        paged_kv = self.pool.paged(layer_id)
-        wrapper = self.decode if self.is_decode else self.prefill
-        out = wrapper.run(q.contiguous().to(self.pool.dtype), paged_kv)
-        return out.reshape(q.shape[0], self.num_heads * self.head_dim).to(q.dtype)
+        out = self.wrapper.run(q.contiguous(), self.pool.paged(layer_id))
+        return out.reshape(q.shape[0], self.num_heads * self.head_dim)

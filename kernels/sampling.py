@@ -35,6 +35,7 @@ from itertools import chain
 import torch
 
 from runtime.sampling import SamplingParams
+from runtime.transfer import upload, upload_tensor
 
 Device = torch.device | str
 _MASK64 = (1 << 64) - 1
@@ -118,16 +119,16 @@ class SamplingBatch:
         self.live_rows = [i for i, p in enumerate(params) if not p.is_greedy]
         live = [params[i] for i in self.live_rows]
         if len(live) < len(params):
-            self.live_index = torch.tensor(self.live_rows, dtype=torch.int64, device=device)
+            self.live_index = upload(self.live_rows, torch.int64, device)
         temps = [[p.temperature] for p in live]
-        self.temperatures = torch.tensor(temps, dtype=torch.float32, device=device)
+        self.temperatures = upload(temps, torch.float32, device)
         seeds = [None if p.seed is None else mix_seed(p.seed, len(outs[i]))
                  for i, p in zip(self.live_rows, live)]
         truncated = [(p.top_k >= 1 and p.top_k < vocab) or p.top_p < 1.0 for p in live]
         for kind in (True, False):
             pos = [j for j, t in enumerate(truncated) if t == kind]
             if pos:
-                index = None if len(pos) == len(live) else torch.tensor(pos, device=device)
+                index = None if len(pos) == len(live) else upload(pos, torch.int64, device)
                 group, group_seeds = [live[j] for j in pos], [seeds[j] for j in pos]
                 self.groups.append(_row_group(group, group_seeds, index, kind, vocab, device))
 
@@ -146,10 +147,10 @@ class SamplingBatch:
 
         def per_key(attr: str) -> torch.Tensor:
             vals = torch.tensor([getattr(p, attr) for p in params], dtype=torch.float32)
-            return vals[key_rows].to(device)
+            return upload_tensor(vals[key_rows], device)
 
-        self.pen_index = keys.to(device)
-        self.pen_count = counts.to(torch.float32).to(device)
+        self.pen_index = upload_tensor(keys, device)
+        self.pen_count = upload_tensor(counts.to(torch.float32), device)
         self.pen_freq = per_key("frequency_penalty")
         self.pen_pres = per_key("presence_penalty")
         self.pen_rep = per_key("repetition_penalty")
@@ -162,8 +163,8 @@ class SamplingBatch:
                     index.append(row * self.vocab_size + tid)
                     value.append(bias)
         if index:
-            self.bias_index = torch.tensor(index, dtype=torch.int64, device=device)
-            self.bias_value = torch.tensor(value, dtype=torch.float32, device=device)
+            self.bias_index = upload(index, torch.int64, device)
+            self.bias_value = upload(value, torch.float32, device)
 
     def _build_block(
         self, params: list[SamplingParams], outs: list[list[int]], stop_ids: list[list[int]],
@@ -174,7 +175,7 @@ class SamplingBatch:
                  if len(out) < p.min_new_tokens
                  for tid in ids if 0 <= tid < self.vocab_size]
         if index:
-            self.block_index = torch.tensor(index, dtype=torch.int64, device=device)
+            self.block_index = upload(index, torch.int64, device)
 
 
 def _row_group(
@@ -186,13 +187,13 @@ def _row_group(
     top_ps = [p.top_p if p.top_p < 1.0 else float("inf") for p in params]
     min_ps = None
     if any(p.min_p > 0 for p in params):
-        min_ps = torch.tensor([p.min_p for p in params], dtype=torch.float32, device=device)
+        min_ps = upload([p.min_p for p in params], torch.float32, device)
     return RowGroup(
         positions=positions,
         seeds=seeds,
         truncated=truncated,
-        top_ks=torch.tensor(ks, dtype=torch.int64, device=device),
-        top_ps=torch.tensor(top_ps, dtype=torch.float32, device=device),
+        top_ks=upload(ks, torch.int64, device),
+        top_ps=upload(top_ps, torch.float32, device),
         min_ps=min_ps,
         width=min(vocab, max(needs)) if truncated else vocab,
     )
@@ -235,6 +236,13 @@ def apply_penalties_and_bias(logits: torch.Tensor, batch: SamplingBatch) -> None
         flat.index_fill_(0, batch.block_index, float("-inf"))
 
 
+def sync_free(device: torch.device) -> bool:
+    """Sample without reading anything back? On a GPU proving a candidate prefix wide enough reads
+    a flag back (a host wait per step), which costs more than sorting the whole vocabulary there;
+    on CPU the read is free and the narrow prefix saves the sort."""
+    return device.type != "cpu"
+
+
 def _candidates(
     probs: torch.Tensor,
     top_k: torch.Tensor,
@@ -248,6 +256,8 @@ def _candidates(
     top_k: int64 [B] (vocab = unlimited); top_p: [B] (inf = unlimited); min_p: [B] or None.
     """
     vocab = probs.shape[-1]
+    if sync_free(probs.device):
+        width = vocab
     while True:
         if width >= vocab:
             vals, ids = probs.sort(dim=-1, descending=True)
@@ -303,7 +313,7 @@ def _exp_noise(
         u = torch.empty((len(seeds), width), device=device)
         if unseeded:
             fresh = torch.rand((len(unseeded), width), generator=generator, device=device)
-            u[torch.tensor(unseeded, device=device)] = fresh
+            u[upload(unseeded, torch.int64, device)] = fresh
         for i, seed in enumerate(seeds):
             if seed is not None:
                 gen = torch.Generator(device=device).manual_seed(seed)

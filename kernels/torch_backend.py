@@ -32,7 +32,7 @@ def token_slots(meta: ForwardMetadata) -> torch.Tensor:
     slots = (pages[:, None] * ps + torch.arange(ps, device=pages.device)).reshape(-1)
     # Keep the first `seq_len` slots of each request's pages (its last page may be partial).
     keep = torch.zeros(len(slots), dtype=torch.bool, device=pages.device)
-    page_ptr = meta.kv_indptr.tolist()
+    page_ptr = meta.kv_indptr_host.tolist()  # host memory: no sync
     for i, seq_len in enumerate(meta.seq_lens):
         start = page_ptr[i] * ps
         keep[start : start + seq_len] = True

@@ -62,6 +62,10 @@ class ServerConfig:
     enable_mixed_chunk: bool | None = _opt(
         None, "run the running requests' decode step in the same forward as a prefill chunk, so new "
         "prompts do not stall running streams; default: on on CPU, off on CUDA (as SGLang)")
+    disable_cuda_graph: bool = _opt(False, "CUDA only: run decode steps eagerly instead of replaying captured graphs")
+    cuda_graph_max_bs: int | None = _opt(
+        None, "CUDA only: the largest decode batch run by a captured graph (buckets 1, 2, 4, 8, then every 8); "
+        "default by GPU memory as SGLang (256 on 90-160 GB GPUs)")
     stream_interval: int = _opt(
         1, "send a streamed request's new tokens every N tokens (its first token and its finish at once); "
         "a request's own sampling_params.stream_interval overrides it")

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from runtime import env
+from runtime.errors import InvalidRequest
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -173,17 +174,45 @@ def should_prepack(device: torch.device, dtype: torch.dtype, cpu: CpuCapability 
     return dtype == torch.float16 and cpu.native_fp16
 
 
-def resolve_attention_backend(name: str, device: torch.device) -> str:
-    """`auto` picks flashinfer on CUDA when it imports, torch otherwise."""
-    if name != "auto":
-        return name
-    if device.type == "cuda":
-        try:
-            import flashinfer  # noqa: F401
-        except ImportError:
-            return "torch"
-        return "flashinfer"
-    return "torch"
+def choose_attention_backend(
+    name: str, device_type: str, dtype: str, kv_dtype: str, flashinfer_importable: bool, jit_problem: str | None
+) -> tuple[str, str]:
+    """(backend, why) for `--attention-backend name` (pure: every probe is an argument).
+
+    `auto` picks FlashInfer on CUDA when it imports, has kernels for the dtypes and can build or
+    find its kernels; otherwise the torch backend, and `why` says what was missing. An explicit
+    `flashinfer` that cannot run is an error naming what to change.
+    """
+    from kernels.flashinfer_support import unsupported_dtype
+
+    if name == "torch" or (name == "auto" and device_type != "cuda"):
+        return "torch", "as asked" if name == "torch" else "not on CUDA"
+    if device_type != "cuda":
+        raise InvalidRequest("--attention-backend flashinfer needs a CUDA device", param="attention_backend")
+    problem = None if flashinfer_importable else (
+        "flashinfer is not installed: `pip install -e '.[gpu]'` (see scripts/setup.sh)")
+    problem = problem or unsupported_dtype(dtype, kv_dtype) or jit_problem
+    if problem is None:
+        return "flashinfer", "auto: CUDA with flashinfer" if name == "auto" else "as asked"
+    if name == "flashinfer":
+        raise InvalidRequest(problem, param="attention_backend")
+    return "torch", f"auto: the torch backend, because {problem}"
+
+
+def resolve_attention_backend(name: str, device: torch.device, dtype: str, kv_dtype: str) -> tuple[str, str]:
+    """`choose_attention_backend` with this machine's probes (flashinfer imported only on CUDA)."""
+    if name == "torch" or device.type != "cuda":
+        return choose_attention_backend(name, device.type, dtype, kv_dtype, False, None)
+    from kernels.flashinfer_support import find_nvcc, has_prebuilt_kernels, jit_problem
+
+    try:
+        import flashinfer  # noqa: F401
+
+        importable = True
+    except ImportError:
+        importable = False
+    problem = jit_problem(find_nvcc(), has_prebuilt_kernels())
+    return choose_attention_backend(name, device.type, dtype, kv_dtype, importable, problem)
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -1,8 +1,9 @@
 """Device memory for attention: the per-layer K/V pool and the request-slot table.
 
     KVPool.k[layer], KVPool.v[layer]: [num_slots, kv_heads, head_dim]; slot 0 is padding.
-    ReqToTokenPool.table: int32 [max_requests, max_context_len]; table[row, pos] = KV slot of
-    token `pos` of the request that owns `row`. Rows are handed out by `alloc()` / `free()`.
+    ReqToTokenPool.table: int32 [max_requests + 1, max_context_len]; table[row, pos] = KV slot of
+    token `pos` of the request that owns `row`. Rows are handed out by `alloc()` / `free()`; the
+    model runner writes them (all of a step's writes in one scatter).
 
 The slot *allocator* (which slots are free) is pure Python in `radix/allocator.py`; this module
 only owns tensors.
@@ -59,7 +60,10 @@ class ReqToTokenPool:
     def __init__(self, max_requests: int, max_context_len: int, device: torch.device) -> None:
         self.size = max_requests
         self.max_context_len = max_context_len
-        self.table = torch.zeros((max_requests, max_context_len), dtype=torch.int32, device=device)
+        # One row more than requests: the padding row of CUDA-graph batches (never handed out;
+        # its first entry stays slot 0).
+        self.padding_row = max_requests
+        self.table = torch.zeros((max_requests + 1, max_context_len), dtype=torch.int32, device=device)
         self.free_rows: list[int] = list(range(max_requests))
 
     def alloc(self) -> int | None:
@@ -72,11 +76,6 @@ class ReqToTokenPool:
 
     def available(self) -> int:
         return len(self.free_rows)
-
-    def write(self, row: int, start: int, slots: list[int] | torch.Tensor) -> None:
-        """table[row, start:start+len(slots)] = slots."""
-        values = torch.as_tensor(slots, dtype=torch.int32)
-        self.table[row, start : start + len(values)] = values.to(self.table.device)
 
     def check_integrity(self) -> None:
         if len(set(self.free_rows)) != len(self.free_rows):

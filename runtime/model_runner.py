@@ -8,66 +8,67 @@ slots the new tokens go to. The runner writes the row, builds `ForwardMetadata`,
 
 from __future__ import annotations
 
+import contextlib
 import time
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import chain
 
 import torch
 
 from kernels.base import ForwardMetadata
 from kernels.grammar_mask import apply_token_bitmask
 from kernels.sampling import SamplingBatch, apply_penalties_and_bias, sample
+from runtime.cuda_graph import CudaGraphRunner
+from runtime.forward_batch import UPLOADED, BatchPlan, ForwardEntry, plan_batch
 from runtime.kv_pool import KVPool, ReqToTokenPool
 from runtime.model_setup import LoadedModel
-from runtime.sampling import SamplingParams
+from runtime.transfer import PendingHost, host_tensor, upload, upload_tensor
 
-
-@dataclass
-class ForwardEntry:
-    """One request's part of a batch.
-
-    Positions [kv_write_start, prefix_len + len(input_ids)) of row `row` get the slots
-    `kv_write`; positions before kv_write_start must already be in the row. A fresh request
-    with a cache hit writes its matched prefix too (kv_write_start=0); a decode step writes one.
-    """
-
-    row: int
-    input_ids: list[int]  # with input_from_future: one placeholder, replaced on the device
-    prefix_len: int
-    kv_write: list[int]
-    kv_write_start: int
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    output_ids: list[int] = field(default_factory=list)  # generated so far: penalties, seeds
-    stop_ids: list[int] = field(default_factory=list)  # blocked while < min_new_tokens
-    return_logprob: bool = False
-    top_logprobs_num: int = 0
-    # Input-token logprobs: row `logprob_start + i` of this entry scores `logprob_targets[i]`
-    # (the token that follows it, which for a chunk's last row is the next chunk's first token).
-    logprob_start: int = 0
-    logprob_targets: list[int] | None = None
-    # Overlap: the one input token is the one the previous forward sampled for this row, read
-    # from the future map on the device (the scheduler has not seen it yet).
-    input_from_future: bool = False
-    # Constrained decoding: the int32 token bitmask row ([ceil(vocab/32)], xgrammar's layout)
-    # that the token sampled for this entry must satisfy; None when unconstrained.
-    token_bitmask: torch.Tensor | None = None
-
-    @property
-    def seq_len(self) -> int:
-        return self.prefix_len + len(self.input_ids)
+__all__ = ["ForwardEntry", "ForwardResult", "ModelRunner", "StepInputs"]
 
 
 @dataclass
 class ForwardResult:
-    next_ids: torch.Tensor  # int64 [B]
+    next_ids: torch.Tensor  # int64 [B], on the device
     logprobs: torch.Tensor | None  # fp32 [B], log-prob of each sampled token, when asked for
     top_logprobs: list[tuple[list[int], list[float]]] | None
     input_logprobs: list[list[float] | None]
     input_top_logprobs: list[list[tuple[list[int], list[float]]] | None]
     last_logits: torch.Tensor | None = None  # fp32 [B, vocab], only when asked for
+    # next_ids (and logprobs) on their way to the host: reading them is the step's one sync.
+    pending: PendingHost | None = None
+
+    def host_next_ids(self) -> list[int]:
+        return self._host()[0]
+
+    def host_logprobs(self) -> list[float] | None:
+        return self._host()[1] if self.logprobs is not None else None
+
+    def _host(self) -> list[list]:
+        if self.pending is None:
+            self.pending = PendingHost([t for t in (self.next_ids, self.logprobs) if t is not None])
+        return self.pending.wait()
+
+
+@dataclass
+class StepInputs:
+    """One step's device inputs, from one upload of its BatchPlan."""
+
+    plan: BatchPlan
+    meta: ForwardMetadata
+    input_ids: torch.Tensor  # int64 [T], future-map tokens filled in
+    last_rows: torch.Tensor  # int64 [B]
+    rows: torch.Tensor  # int64 [B]
 
 
 class ModelRunner:
-    """Owns the model, the KV pool, the request-slot table and the attention backend."""
+    """Owns the model, the KV pool, the request-slot table and the attention backend.
+
+    On CUDA every forward runs on the runner's own stream (the overlap loop's worker thread
+    launches it while the scheduler thread works) and ends by queueing the copy of the sampled
+    ids to the host; `ForwardResult.host_next_ids()` waits for that copy and nothing else.
+    """
 
     def __init__(self, loaded: LoadedModel) -> None:
         self.loaded = loaded
@@ -80,7 +81,10 @@ class ModelRunner:
         self.backend = loaded.backend
         # The future map: the token each row sampled last, kept on the device for the overlap
         # loop's next decode. Written after every sampling, read by input_from_future entries.
-        self.future_tokens = torch.zeros(self.req_to_token.size, dtype=torch.int64, device=self.device)
+        # (One entry per table row, the padding row's included.)
+        self.future_tokens = torch.zeros(self.req_to_token.size + 1, dtype=torch.int64, device=self.device)
+        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self.graphs: CudaGraphRunner | None = None
         self.forward_s = 0.0  # wall time inside forward(), for the scheduler-overhead benchmark
         self.forward_count = 0
 
@@ -93,23 +97,48 @@ class ModelRunner:
         self.forward([ForwardEntry(row=0, input_ids=[1], prefix_len=8, kv_write=[0], kv_write_start=8)])
         self.forward_s, self.forward_count = 0.0, 0
 
+    def init_cuda_graphs(self, max_bs: int, capture: bool = True) -> None:
+        """Capture the decode graphs (after warmup(), with the KV pool allocated). `capture=False`
+        builds the same replay path with eager stand-ins (CPU tests and the GPU check's dry run)."""
+        with torch.inference_mode(), self._on_stream():
+            self.graphs = CudaGraphRunner(self, min(max_bs, self.req_to_token.size), capture)
+
     def forward(self, entries: list[ForwardEntry], keep_logits: bool = False) -> ForwardResult:
         start = time.perf_counter()
         try:
-            return self._forward(entries, keep_logits)
+            with self._on_stream():
+                return self._forward(entries, keep_logits)
         finally:
             self.forward_s += time.perf_counter() - start
             self.forward_count += 1
 
+    @contextlib.contextmanager
+    def _on_stream(self) -> Iterator[None]:
+        if self.stream is None:
+            yield
+            return
+        # Anything queued on the caller's stream before (pool zeroing, a flush) comes first.
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.stream):
+            yield
+
     @torch.inference_mode()
     def _forward(self, entries: list[ForwardEntry], keep_logits: bool) -> ForwardResult:
-        assert entries, "empty batch"
-        meta = self.build_metadata(entries)
-        self.backend.plan(meta)
-        input_ids = self._input_ids(entries, meta)
-        hidden = self.model.forward(input_ids, meta.positions, self.backend)
-        last_rows = torch.tensor(meta.qo_indptr[1:].tolist(), device=self.device) - 1
-        logits = self.model.compute_logits(hidden.index_select(0, last_rows))
+        if self.graphs is not None and self.graphs.can_run(entries):
+            step, logits = self.graphs.run(entries)
+            # The graph's logits buffer is rewritten by the next replay (and by in-place masks).
+            return self._sample(entries, step, None, logits.clone(), keep_logits)
+        step = self.prepare(entries)
+        self.backend.plan(step.meta)
+        hidden = self.model.forward(step.input_ids, step.meta.positions, self.backend)
+        logits = self.model.compute_logits(hidden.index_select(0, step.last_rows))
+        return self._sample(entries, step, hidden, logits, keep_logits)
+
+    def _sample(
+        self, entries: list[ForwardEntry], step: StepInputs, hidden: torch.Tensor | None, logits: torch.Tensor,
+        keep_logits: bool,
+    ) -> ForwardResult:
+        """Sample the entries' rows (a graph step's padding rows come after them and are dropped)."""
         sampling = SamplingBatch.build(
             [e.sampling for e in entries],
             [e.output_ids for e in entries],
@@ -124,9 +153,8 @@ class ModelRunner:
         out = sample(
             logits, sampling, top_logprobs_num=top_nums, return_logprob=any(e.return_logprob for e in entries)
         )
-        rows = torch.tensor([e.row for e in entries], dtype=torch.int64, device=self.device)
-        self.future_tokens.index_copy_(0, rows, out.next_ids)
-        input_lps, input_tops = self._input_logprobs(entries, meta, hidden)
+        self.future_tokens.index_copy_(0, step.rows[: len(entries)], out.next_ids)
+        input_lps, input_tops = self._input_logprobs(entries, step.plan, hidden)
         return ForwardResult(
             next_ids=out.next_ids,
             logprobs=out.logprobs,
@@ -134,6 +162,7 @@ class ModelRunner:
             input_logprobs=input_lps,
             input_top_logprobs=input_tops,
             last_logits=logits if keep_logits else None,
+            pending=PendingHost([t for t in (out.next_ids, out.logprobs) if t is not None]),
         )
 
     def _apply_grammar(self, entries: list[ForwardEntry], logits: torch.Tensor) -> None:
@@ -144,69 +173,53 @@ class ModelRunner:
         bitmask = torch.full((len(entries), words), -1, dtype=torch.int32)
         for i in rows:
             bitmask[i] = entries[i].token_bitmask  # type: ignore[assignment]
-        apply_token_bitmask(logits, bitmask.to(logits.device), rows)
+        apply_token_bitmask(logits, upload_tensor(bitmask, logits.device), rows)
 
-    def _input_ids(self, entries: list[ForwardEntry], meta: ForwardMetadata) -> torch.Tensor:
-        ids = torch.tensor([t for e in entries for t in e.input_ids], dtype=torch.int64, device=self.device)
-        future = [i for i, e in enumerate(entries) if e.input_from_future]
-        if future:
-            starts = meta.qo_indptr.tolist()
-            at = torch.tensor([starts[i] for i in future], dtype=torch.int64, device=self.device)
-            rows = torch.tensor([entries[i].row for i in future], dtype=torch.int64, device=self.device)
-            ids.index_copy_(0, at, self.future_tokens.index_select(0, rows))
-        return ids
-
-    def build_metadata(self, entries: list[ForwardEntry]) -> ForwardMetadata:
-        """Write the entries' slots into their rows and describe the batch for the backend."""
-        ps, table = self.page_size, self.req_to_token
-        for e in entries:
-            assert e.kv_write_start + len(e.kv_write) == e.seq_len, (
-                f"row {e.row}: kv_write covers [{e.kv_write_start}, "
-                f"{e.kv_write_start + len(e.kv_write)}) but the sequence has {e.seq_len} tokens"
-            )
-            assert e.kv_write_start <= e.prefix_len, "the new tokens' slots must be written"
-            table.write(e.row, e.kv_write_start, e.kv_write)
-        seq_lens = [e.seq_len for e in entries]
-        extend_lens = [len(e.input_ids) for e in entries]
-        num_pages = [(s + ps - 1) // ps for s in seq_lens]
-        rows = torch.tensor([e.row for e in entries], dtype=torch.int64, device=self.device)
-        # First slot of every page of every request, as [B, max_pages], then the valid ones.
-        max_pages = max(num_pages)
-        first_slots = table.table.index_select(0, rows)[:, : max_pages * ps : ps]
-        valid = torch.arange(max_pages, device=self.device)[None, :] < torch.tensor(
-            num_pages, device=self.device
-        )[:, None]
-        kv_indices = (first_slots[valid] // ps).to(torch.int32)
-        out_cache_loc = [s for e in entries for s in e.kv_write[e.prefix_len - e.kv_write_start :]]
-        positions = [p for e in entries for p in range(e.prefix_len, e.seq_len)]
-        return ForwardMetadata(
-            qo_indptr=_indptr(extend_lens, self.device),
-            kv_indptr=_indptr(num_pages, self.device),
-            kv_indices=kv_indices,
-            kv_last_page_len=torch.tensor(
-                [s - (n - 1) * ps for s, n in zip(seq_lens, num_pages)], dtype=torch.int32, device=self.device
-            ),
-            positions=torch.tensor(positions, dtype=torch.int64, device=self.device),
-            out_cache_loc=torch.tensor(out_cache_loc, dtype=torch.int64, device=self.device),
-            page_size=ps,
-            seq_lens=seq_lens,
-            extend_lens=extend_lens,
+    def prepare(self, entries: list[ForwardEntry]) -> StepInputs:
+        """Plan the batch on the host, upload it in one copy, write the entries' slots into their
+        rows of the request table and gather every request's page list (no host sync)."""
+        plan = plan_batch(entries, self.page_size, self.req_to_token.max_context_len)
+        arrays = plan.arrays()
+        flat = upload(list(chain.from_iterable(arrays)), torch.int64, self.device)
+        dev = dict(zip(UPLOADED, flat.split([len(a) for a in arrays])))
+        table = self.req_to_token.table
+        if plan.table_at:
+            table.view(-1).index_copy_(0, dev["table_at"], dev["table_slots"].to(table.dtype))
+        input_ids = dev["input_ids"]
+        if plan.future_at:
+            input_ids.index_copy_(0, dev["future_at"], self.future_tokens.index_select(0, dev["future_rows"]))
+        int32 = torch.int32
+        meta = ForwardMetadata(
+            qo_indptr=dev["qo_indptr"].to(int32),
+            kv_indptr=dev["kv_indptr"].to(int32),
+            kv_indices=gather_kv_indices(table, dev["rows"], dev["num_pages"], dev["kv_indptr"], plan),
+            kv_last_page_len=dev["kv_last_page_len"].to(int32),
+            positions=dev["positions"],
+            out_cache_loc=dev["out_cache_loc"],
+            page_size=plan.page_size,
+            seq_lens=plan.seq_lens,
+            extend_lens=plan.extend_lens,
+            qo_indptr_host=host_tensor(plan.qo_indptr, int32, self.device),
+            kv_indptr_host=host_tensor(plan.kv_indptr, int32, self.device),
+            kv_last_page_len_host=host_tensor(plan.kv_last_page_len, int32, self.device),
         )
+        return StepInputs(plan, meta, input_ids, dev["last_rows"], dev["rows"])
 
     def _input_logprobs(
-        self, entries: list[ForwardEntry], meta: ForwardMetadata, hidden: torch.Tensor
+        self, entries: list[ForwardEntry], plan: BatchPlan, hidden: torch.Tensor | None
     ) -> tuple[list[list[float] | None], list[list[tuple[list[int], list[float]]] | None]]:
-        """Log-probs of given input tokens (prompt scoring), computed only where asked."""
+        """Log-probs of given input tokens (prompt scoring), computed only where asked (these
+        read their results back at once: scoring requests are not the decode fast path)."""
         lps: list[list[float] | None] = [None] * len(entries)
         tops: list[list[tuple[list[int], list[float]]] | None] = [None] * len(entries)
-        starts = meta.qo_indptr.tolist()
         for i, e in enumerate(entries):
             if not e.logprob_targets:
                 continue
-            first = starts[i] + e.logprob_start
+            assert hidden is not None, "graph steps never score input tokens"
+            first = plan.qo_indptr[i] + e.logprob_start
             rows = hidden[first : first + len(e.logprob_targets)]
             logp = torch.log_softmax(self.model.compute_logits(rows), dim=-1)
-            targets = torch.tensor(e.logprob_targets, device=self.device)
+            targets = upload(e.logprob_targets, torch.int64, self.device)
             lps[i] = logp.gather(1, targets[:, None]).squeeze(1).tolist()
             if e.top_logprobs_num:
                 vals, ids = logp.topk(e.top_logprobs_num, dim=-1)
@@ -214,8 +227,17 @@ class ModelRunner:
         return lps, tops
 
 
-def _indptr(lengths: list[int], device: torch.device) -> torch.Tensor:
-    ptr = [0]
-    for n in lengths:
-        ptr.append(ptr[-1] + n)
-    return torch.tensor(ptr, dtype=torch.int32, device=device)
+def gather_kv_indices(
+    table: torch.Tensor, rows: torch.Tensor, num_pages: torch.Tensor, kv_indptr: torch.Tensor, plan: BatchPlan
+) -> torch.Tensor:
+    """Every request's page ids, request after request (int32 [total pages]), read on the device
+    from the request table: page p of request i is table[rows[i], p * page_size] // page_size.
+
+    Sizes come from the host plan (`output_size`), so nothing waits for the device, unlike a
+    boolean-mask gather whose result size only the device knows.
+    """
+    total, ps = plan.total_pages, plan.page_size
+    owner = torch.repeat_interleave(num_pages, output_size=total)
+    page = torch.arange(total, device=table.device) - kv_indptr.index_select(0, owner)
+    slots = table[rows.index_select(0, owner), page * ps]
+    return (slots // ps).to(torch.int32) if ps > 1 else slots.to(torch.int32)

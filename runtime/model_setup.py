@@ -49,6 +49,9 @@ def resolve_config(config: ServerConfig) -> ServerConfig:
     dtype, why = resolve_dtype(config.dtype, model_config.torch_dtype, device)
     kv_dtype = dtype if config.kv_cache_dtype == "auto" else DTYPES[config.kv_cache_dtype]
     logger.info("dtype %s, KV cache %s (%s)", dtype_name(dtype), dtype_name(kv_dtype), why)
+    backend, backend_why = resolve_attention_backend(
+        config.attention_backend, device, dtype_name(dtype), dtype_name(kv_dtype))
+    logger.info("attention backend %s (%s)", backend, backend_why)
     chunk = config.chunked_prefill_size
     if chunk is None:
         chunk = CUDA_DEFAULT_CHUNK if device.type == "cuda" else CPU_DEFAULT_CHUNK
@@ -65,6 +68,11 @@ def resolve_config(config: ServerConfig) -> ServerConfig:
     max_running = config.max_running_requests
     if max_running is None and device.type == "cpu":
         max_running = CPU_DEFAULT_MAX_RUNNING
+    graph_max_bs = config.cuda_graph_max_bs
+    if graph_max_bs is None and device.type == "cuda":
+        from runtime.cuda_graph import default_max_bs
+
+        graph_max_bs = default_max_bs(torch.cuda.get_device_properties(device).total_memory / 2**30)
     return config.replace(
         model_path=model_path,
         load_format=load_format,
@@ -73,7 +81,10 @@ def resolve_config(config: ServerConfig) -> ServerConfig:
         device=device.type,
         dtype=dtype_name(dtype),
         kv_cache_dtype=dtype_name(kv_dtype),
-        attention_backend=resolve_attention_backend(config.attention_backend, device),
+        attention_backend=backend,
+        cuda_graph_max_bs=graph_max_bs,
+        # Graphs capture FlashInfer's graph wrappers; the torch backend runs eagerly.
+        disable_cuda_graph=config.disable_cuda_graph or device.type != "cuda" or backend != "flashinfer",
         chunked_prefill_size=chunk,
         context_length=context,
         max_total_tokens=max_total,
@@ -135,12 +146,12 @@ def load_model_for_serving(config: ServerConfig) -> LoadedModel:
     max_running = config.max_running_requests or min(max(max_total // 2, 1), CUDA_DEFAULT_MAX_RUNNING)
     width = -(-config.context_length // ps) * ps
     req_to_token = ReqToTokenPool(max_running, width, device)
-    backend = make_backend(config.attention_backend, kv_pool, model_config)
+    backend = make_backend(config.attention_backend, kv_pool, model_config, dtype)
     resolved = config.replace(max_total_tokens=num_slots - ps, max_running_requests=max_running)
     return LoadedModel(resolved, model_config, model, device, dtype, ps, kv_pool, req_to_token, backend)
 
 
-def make_backend(name: str, kv_pool: KVPool, mc: ModelConfig) -> AttentionBackend:
+def make_backend(name: str, kv_pool: KVPool, mc: ModelConfig, dtype: torch.dtype) -> AttentionBackend:
     """The attention backend registry: factories import lazily so CPU machines never import flashinfer."""
     if name == "torch":
         from kernels.torch_backend import TorchAttentionBackend
@@ -151,7 +162,7 @@ def make_backend(name: str, kv_pool: KVPool, mc: ModelConfig) -> AttentionBacken
     if name == "flashinfer":
         from kernels.flashinfer_backend import FlashInferAttentionBackend
 
-        return FlashInferAttentionBackend(kv_pool, mc.num_heads, mc.num_kv_heads, mc.head_dim)
+        return FlashInferAttentionBackend(kv_pool, mc.num_heads, mc.num_kv_heads, mc.head_dim, dtype)
     raise ValueError(f"unknown attention backend {name!r}; known: torch, flashinfer")
 
 

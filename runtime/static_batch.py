@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 from radix.allocator import KVAllocator
 from runtime.config import ServerConfig
-from runtime.model_runner import ForwardEntry, ForwardResult, ModelRunner
+from runtime.forward_batch import ForwardEntry
+from runtime.model_runner import ForwardResult, ModelRunner
 from runtime.model_setup import load_model_for_serving, resolve_config
 from runtime.sampling import SamplingParams
 
@@ -75,7 +76,7 @@ class StaticBatch:
 
     def append(self, seqs: list[Seq], result: ForwardResult) -> None:
         """Append each sequence's sampled token (only for sequences that finished their prompt)."""
-        for s, tok in zip(seqs, result.next_ids.tolist()):
+        for s, tok in zip(seqs, result.host_next_ids()):
             if s.computed == len(s.tokens):
                 s.tokens.append(tok)
                 s.output.append(tok)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from runtime.model_runner import ForwardEntry, ForwardResult
+from runtime.forward_batch import ForwardEntry
+from runtime.model_runner import ForwardResult
 from scheduler.request import Req
 
 

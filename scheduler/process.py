@@ -81,6 +81,8 @@ def build_scheduler(config: ServerConfig, io: Any) -> Any:
 
     runner = ModelRunner(loaded)
     runner.warmup()
+    if not loaded.config.disable_cuda_graph and loaded.config.cuda_graph_max_bs:
+        runner.init_cuda_graphs(loaded.config.cuda_graph_max_bs)
 
     def make_grammar_backend() -> GrammarBackend:
         return GrammarBackend(tokenizer, loaded.model_config.vocab_size, sorted(eos))

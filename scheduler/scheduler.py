@@ -306,7 +306,8 @@ class Scheduler:
     # ------------------------------------------------------------------ results
 
     def process_result(self, batch: ScheduledBatch, result: ForwardResult) -> None:
-        next_ids = result.next_ids.tolist()
+        next_ids = result.host_next_ids()  # the step's one wait for the device
+        logprobs = result.host_logprobs()
         for i, req in enumerate(batch.reqs):
             if req.finished:  # aborted meanwhile, or (overlap) finished by the previous step
                 continue
@@ -320,7 +321,7 @@ class Scheduler:
                     req.finish({"type": "length", "length": 0})
                     self.release(req)
                     continue
-            self.append_token(req, next_ids[i], result, i)
+            self.append_token(req, next_ids[i], result, i, logprobs)
             if req.finished:
                 if not prefill:
                     self.running.remove(req)
@@ -330,12 +331,12 @@ class Scheduler:
                 req.state = ReqState.RUNNING
                 self.running.append(req)
 
-    def append_token(self, req: Req, token: int, result: ForwardResult, i: int) -> None:
+    def append_token(self, req: Req, token: int, result: ForwardResult, i: int, logprobs: list[float] | None) -> None:
         req.output.append(token)
         if req.grammar is not None and not req.grammar.accept(token):
             req.abort(f"the grammar rejected token {token}")
-        if req.return_logprob and result.logprobs is not None:
-            req.output_logprobs.append(float(result.logprobs[i]))
+        if req.return_logprob and logprobs is not None:
+            req.output_logprobs.append(logprobs[i])
             if req.top_logprobs_num and result.top_logprobs is not None:
                 ids, vals = result.top_logprobs[i]
                 req.output_top_logprobs.append([list(ids), list(vals)])

@@ -60,8 +60,10 @@ EOF
 }
 
 if nvidia-smi -L >/dev/null 2>&1; then
-    say "CUDA GPU found: installing torch, radixserve[dev,gpu] (several GB, a few minutes)"
-    pip_install torch
+    say "CUDA GPU found: installing CUDA torch 2.11 (cu130), radixserve[dev,gpu] (several GB, a few minutes)"
+    # The CUDA build the GPU code was written against (the lent GPU machine's); FlashInfer JIT-builds
+    # its kernels with the machine's nvcc, which must match this CUDA (13.0).
+    pip_install --index-url https://download.pytorch.org/whl/cu130 'torch==2.11.0'
     PYTHONWARNINGS=ignore pip_install -e '.[dev,gpu]'
 else
     say "no CUDA GPU: installing CPU torch and radixserve[dev] (about 2 minutes)"

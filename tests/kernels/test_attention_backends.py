@@ -29,6 +29,9 @@ def _metadata(page_lists: list[list[int]], seq_lens: list[int], extend_lens: lis
         page_size=ps,
         seq_lens=seq_lens,
         extend_lens=extend_lens,
+        qo_indptr_host=cum(extend_lens),
+        kv_indptr_host=cum([len(p) for p in page_lists]),
+        kv_last_page_len_host=torch.tensor([n - (len(p) - 1) * ps for p, n in zip(page_lists, seq_lens)], dtype=torch.int32),
     )
 
 
