@@ -123,8 +123,9 @@ def test_flashinfer_matches_torch_backend(page_size: int, extend_lens: list[int]
     k = torch.randn(t, KV_HEADS, 64, generator=gen).to(dev, torch.bfloat16)
     v = torch.randn(t, KV_HEADS, 64, generator=gen).to(dev, torch.bfloat16)
     outs = []
-    for pool, cls in zip(pools, (TorchAttentionBackend, FlashInferAttentionBackend)):
-        backend = cls(pool, HEADS, KV_HEADS, 64)
+    backends = (TorchAttentionBackend(pools[0], HEADS, KV_HEADS, 64),
+                FlashInferAttentionBackend(pools[1], HEADS, KV_HEADS, 64, torch.bfloat16))
+    for backend in backends:
         backend.plan(meta_dev)
         outs.append(backend.forward(0, q, k, v).float())
     torch.testing.assert_close(outs[1], outs[0], rtol=2e-2, atol=2e-2)
