@@ -78,6 +78,7 @@ class ServerConfig:
     max_n: int = _opt(16, "largest accepted n (parallel samples per prompt)")
     max_top_logprobs: int = _opt(20, "largest accepted top_logprobs / top_logprobs_num")
     log_level: str = _opt("info", "logging level", ("debug", "info", "warning", "error"))
+    drain_timeout: float = _opt(30.0, "seconds in-flight requests get to finish after SIGTERM/SIGINT before they are aborted")
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -89,6 +90,10 @@ class ServerConfig:
             raise InvalidRequest("page_size must be >= 1", param="page_size")
         if self.stream_interval < 1:
             raise InvalidRequest("stream_interval must be >= 1", param="stream_interval")
+        if not self.drain_timeout >= 0:
+            raise InvalidRequest("drain_timeout must be >= 0 seconds", param="drain_timeout")
+        if self.cuda_graph_max_bs is not None and self.cuda_graph_max_bs < 1:
+            raise InvalidRequest("cuda_graph_max_bs must be >= 1", param="cuda_graph_max_bs")
 
     def public_dict(self) -> dict[str, Any]:
         """The config without secrets (for /get_server_info and logs)."""

@@ -31,10 +31,13 @@ Finish reasons are SGLang's JSON shapes: `{"type": "stop", "matched": <token id 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, TypeAlias, TypeVar
 
 from runtime.sampling import SamplingParams
+
+CHILD_SUFFIX = re.compile(r"(?:\d+_)*(?:\d+|warmup)")
 
 TopLogprobs: TypeAlias = list[list[int] | list[float]]
 """One position's top-k: `[[token ids...], [logprobs...]]`, both of length top_logprobs_num."""
@@ -84,10 +87,10 @@ class GenerateReq:
 class AbortReq:
     """Abort requests (main process -> scheduler).
 
-    NOTE: matching is by rid prefix, so aborting `rid` also aborts its n>1 children `rid_0`,
-    `rid_1`, ...: a request matches when its rid equals `rid` or starts with `rid + "_"` (the
-    separator keeps `abc1` from aborting `abc10`). An empty `rid` matches nothing unless
-    `abort_all` is set. Use `matches()` rather than re-implementing the rule.
+    NOTE: aborting `rid` also aborts its own fan-out: a request matches when its rid equals `rid`,
+    or is `rid` + "_" + a suffix of digit groups or the n>1 warm-up's `warmup` (`rid_0`,
+    `rid_2_1`, `rid_warmup`), so a client's `foo` never aborts another's `foo_bar`. An empty
+    `rid` matches nothing unless `abort_all`.
     """
 
     rid: str = ""
@@ -98,7 +101,11 @@ class AbortReq:
             return True
         if not self.rid:
             return False
-        return rid == self.rid or rid.startswith(self.rid + "_")
+        if rid == self.rid:
+            return True
+        # Its own fan-out only: batch items and n>1 samples (rid_3, rid_3_1) and the n>1
+        # warm-up copy (rid_warmup), never another client's rid that merely starts the same.
+        return rid.startswith(self.rid + "_") and CHILD_SUFFIX.fullmatch(rid[len(self.rid) + 1 :]) is not None
 
 
 @message

@@ -24,6 +24,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from runtime.errors import InvalidRequest
+from runtime.json_text import client_json
 
 MAX_STOP_STRS = 16
 MAX_LOGIT_BIAS = 100.0
@@ -91,7 +92,7 @@ class SamplingParams:
         defaults = cls()
         kwargs = {k: getattr(defaults, k) if v is None else v for k, v in d.items()}
         if isinstance(kwargs.get("json_schema"), dict):
-            kwargs["json_schema"] = json.dumps(kwargs["json_schema"])
+            kwargs["json_schema"] = client_json(kwargs["json_schema"], "json_schema")
         params = cls(**kwargs)
         params._check_types()
         if params.logit_bias is not None:

@@ -6,8 +6,8 @@ Every error the server sends has OpenAI's shape, whatever the route:
 
 `classify(exc)` is the one mapping from an exception to (status, message, param):
 `InvalidRequest` -> 400 naming its field, `HTTPError` -> its own status (401, 503, ...),
-`RuntimeCrashed` -> 503, aiohttp's own `HTTPException`s (404, 405, 413) -> their status, and
-anything else -> 500 with a generic message (the traceback goes to the log, never the client).
+`RuntimeCrashed` -> 503, aiohttp's own `HTTPException`s (404, 405, 413) -> their status, an
+internal `TimeoutError` -> 504, and anything else -> 500 with a generic message (the traceback goes to the log, never the client).
 """
 
 from __future__ import annotations
@@ -33,9 +33,13 @@ ERROR_TYPES = {
     404: "not_found_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
     500: "internal_server_error",
     503: "service_unavailable_error",
+    504: "timeout_error",
 }
+# Every 503 says when to come back: clients (the openai package included) retry after it.
+RETRY_AFTER_S = 1
 INTERNAL_ERROR_MESSAGE = "Internal server error; see the server log."
 AUTH_EXEMPT_PATHS = frozenset({"/health"})
 
@@ -43,9 +47,10 @@ AUTH_EXEMPT_PATHS = frozenset({"/health"})
 class HTTPError(Exception):
     """An error answered with a given status, e.g. 503 while starting or draining."""
 
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+    def __init__(self, status: int, message: str, param: str | None = None, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.param = status, message, param
+        self.retry_after = retry_after
 
 
 def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
@@ -55,8 +60,11 @@ def error_body(status: int, message: str, param: str | None = None) -> dict[str,
 
 
 def error_response(status: int, message: str, param: str | None = None,
-                   headers: dict[str, str] | None = None) -> web.Response:
+                   headers: dict[str, str] | None = None, retry_after: float | None = None) -> web.Response:
+    """An error object response; a 503 carries Retry-After (`retry_after` s, default RETRY_AFTER_S)."""
     body = orjson.dumps(error_body(status, message, param))
+    if status == 503:
+        headers = {**(headers or {}), "Retry-After": str(max(1, round(retry_after or RETRY_AFTER_S)))}
     return web.Response(status=status, body=body, content_type="application/json",
                         headers=headers)
 
@@ -71,6 +79,8 @@ def classify(exc: BaseException) -> tuple[int, str, str | None]:
         return 503, f"The server cannot serve requests: {exc}", None
     if isinstance(exc, web.HTTPException):
         return exc.status, _http_exception_message(exc), None
+    if isinstance(exc, TimeoutError):  # an internal wait (the scheduler's answer) ran out
+        return 504, "The runtime did not answer in time; retry later.", None
     return 500, INTERNAL_ERROR_MESSAGE, None
 
 
@@ -95,8 +105,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         status, message, param = classify(exc)
         headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
         return error_response(status, message, param, headers)
-    except (InvalidRequest, HTTPError, RuntimeCrashed) as exc:
-        return error_response(*classify(exc))
+    except (InvalidRequest, HTTPError, RuntimeCrashed, TimeoutError) as exc:
+        return error_response(*classify(exc), retry_after=getattr(exc, "retry_after", None))
     except ConnectionError:
         logger.debug("client went away during %s %s", request.method, request.path)
         return web.Response(status=499)  # nginx's "client closed request"; never delivered

@@ -36,13 +36,14 @@ def create_app(server: ServerState) -> web.Application:
     middlewares: list[Any] = [_count_middleware(server), error_middleware]
     if server.config.api_key:
         middlewares.append(auth_middleware(server.config.api_key))
+    middlewares.append(_readiness_middleware(server))
     app = web.Application(client_max_size=server.config.max_request_bytes, middlewares=middlewares)
     app[SERVER] = server
     app.add_routes([
         web.post("/generate", generate), web.put("/generate", generate),
         web.get("/health", health), web.get("/health_generate", health_generate),
         web.get("/get_model_info", get_model_info), web.get("/get_server_info", get_server_info),
-        web.post("/flush_cache", flush_cache), web.get("/flush_cache", flush_cache),
+        web.post("/flush_cache", flush_cache),
         web.post("/abort_request", abort_request), web.get("/metrics", metrics),
         web.get("/v1/models", list_models), web.post("/v1/completions", completions),
         web.post("/v1/chat/completions", chat_completions),
@@ -68,8 +69,36 @@ def _count_middleware(server: ServerState) -> Any:
     return count
 
 
+def _readiness_middleware(server: ServerState) -> Any:
+    """Until the runtime is up every route answers 503 with Retry-After, so a client polling any
+    of them (`/v1/models`, as benchmark clients do) starts only when generations can run."""
+
+    @web.middleware
+    async def ready(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if server.phase is Phase.STARTING:
+            raise HTTPError(503, "The server is starting; retry when /health returns 200.")
+        return await handler(request)
+
+    return ready
+
+
+# application/octet-stream: what aiohttp reports for a missing type, and what raw-bytes clients send.
+UNTYPED_BODY = "application/octet-stream"
+
+
+def _is_json(media_type: str) -> bool:
+    return media_type in ("application/json", UNTYPED_BODY) or (
+        media_type.startswith("application/") and media_type.endswith("+json"))
+
+
 async def _json_body(request: web.Request) -> Any:
-    """The parsed JSON body; 413 over the size limit (checked before reading when announced)."""
+    """The parsed JSON body; 413 over the size limit (checked before reading when announced),
+    415 for a body that says it is not JSON (a web page's `text/plain` or form POST, which a
+    browser sends cross-site without asking: refused, so a key-less local server is not a CSRF
+    target). A body without a type (or typed as raw bytes) is read as JSON."""
+    if not _is_json(request.content_type):
+        raise HTTPError(415, f"Content-Type {request.content_type} is not supported here; send a JSON body "
+                             "with Content-Type: application/json.")
     limit = request.app[SERVER].config.max_request_bytes
     if request.content_length is not None and request.content_length > limit:
         raise HTTPError(413, f"The request body ({request.content_length} bytes) is larger than "

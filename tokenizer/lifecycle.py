@@ -4,7 +4,7 @@
    answers 503 "starting" while the model loads).
 2. Launch the scheduler and detokenizer (in a worker thread: it blocks), create the
    TokenizerManager on this loop (uvloop), log one startup line, serve.
-3. SIGTERM/SIGINT: drain (new generations get 503, in-flight ones get up to DRAIN_TIMEOUT_S;
+3. SIGTERM/SIGINT: drain (new generations get 503, in-flight ones get up to --drain-timeout s;
    a second signal stops at once), then stop the runtime (its IPC directory is removed): exit 0.
    A child that dies: every in-flight request fails (503 / a stream error event), /health turns
    503, everything stops: exit 1.
@@ -27,7 +27,6 @@ from tokenizer.server_state import Phase, ServerState
 
 logger = logging.getLogger("radixserve.server")
 
-DRAIN_TIMEOUT_S = 30.0
 HANDLER_GRACE_S = 5.0  # after the drain: how long handlers get to send their last bytes
 AppFactory = Callable[[ServerState], web.Application]
 
@@ -143,7 +142,7 @@ class ServerProcess:
         self._stop.set()
 
     async def _drain(self) -> None:
-        drain = asyncio.create_task(self.server.drain(DRAIN_TIMEOUT_S))
+        drain = asyncio.create_task(self.server.drain(self.server.config.drain_timeout))
         force = asyncio.create_task(self._force.wait())
         await asyncio.wait({drain, force}, return_when=asyncio.FIRST_COMPLETED)
         for task in (drain, force):

@@ -17,13 +17,13 @@ the request's, so an invalid schema is reported as the field the client wrote.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.errors import InvalidRequest
+from runtime.json_text import client_json
 
 ANY_JSON = "$$ANY$$"  # SGLang's json_schema sentinel: any JSON value
 GRAMMAR_FIELDS = ("regex", "json_schema", "ebnf")
@@ -76,7 +76,7 @@ def chat_constraints(req: dict[str, Any]) -> ChatConstraints:
         ["response_format"] if grammar else [])
     tools = _tool_plan(req, taken)
     if tools is not None and tools.choice.forced:
-        schema = json.dumps(forced_call_schema(tools))
+        schema = client_json(forced_call_schema(tools), "tools")
         return ChatConstraints({"json_schema": schema}, {"json_schema": "tools"}, tools)
     return ChatConstraints(grammar, renames, tools)
 
@@ -108,7 +108,7 @@ def _response_format(req: dict[str, Any]) -> tuple[dict[str, str], dict[str, str
             raise InvalidRequest(f"response_format.json_schema.{name} must be {what}",
                                  param=f"response_format.json_schema.{name}")
     where = "response_format.json_schema.schema"
-    return {"json_schema": json.dumps(spec["schema"])}, {"json_schema": where}
+    return {"json_schema": client_json(spec["schema"], where)}, {"json_schema": where}
 
 
 def _tool_plan(req: dict[str, Any], taken: list[str]) -> ToolPlan | None:

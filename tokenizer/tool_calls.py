@@ -27,6 +27,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
+from runtime.json_text import client_json
+
 OPEN_TAG, CLOSE_TAG = "<tool_call>", "</tool_call>"
 _BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|\Z)", re.DOTALL)
 TOOL_PROMPT = (
@@ -65,7 +67,7 @@ class ParsedOutput:
 def with_tool_prompt(messages: list[dict[str, Any]],
                      functions: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The messages with the tool instruction added to the system message (or a new first one)."""
-    listing = "\n".join(json.dumps(f, ensure_ascii=False) for f in functions)
+    listing = "\n".join(client_json(f, "tools", ensure_ascii=False) for f in functions)
     prompt = TOOL_PROMPT + listing
     if messages and messages[0]["role"] == "system":
         first = {**messages[0], "content": f"{messages[0]['content']}\n\n{prompt}"}
@@ -124,8 +126,8 @@ def messages_for_template(messages: list[dict[str, Any]]) -> list[dict[str, Any]
 
 
 def _call_text(call: dict[str, Any]) -> str:
-    return json.dumps({"name": call["function"]["name"], "arguments": _arguments(call)},
-                      ensure_ascii=False)
+    return client_json({"name": call["function"]["name"], "arguments": _arguments(call)}, "messages",
+                       ensure_ascii=False)
 
 
 def _arguments(call: dict[str, Any]) -> Any:

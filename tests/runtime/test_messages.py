@@ -184,9 +184,11 @@ def test_unsupported_nesting_is_rejected(scratch_types) -> None:
         encode(_BadNest({}))
 
 
-def test_abort_matches_rid_prefix() -> None:
+def test_abort_matches_the_rid_and_its_own_fan_out_only() -> None:
     abort = AbortReq("abc")
     assert abort.matches("abc") and abort.matches("abc_0") and abort.matches("abc_1_2")
+    assert abort.matches("abc_warmup") and abort.matches("abc_3_warmup")  # n>1 warm-up copies
+    assert not abort.matches("abc_bar") and not abort.matches("abc_1x") and not abort.matches("abc_")
     assert not abort.matches("abcd") and not abort.matches("ab")
     assert not AbortReq("").matches("abc")
     assert AbortReq(abort_all=True).matches("anything")

@@ -20,10 +20,19 @@ import requests
 from aiohttp.test_utils import TestClient, TestServer
 
 from runtime.config import ServerConfig
+from runtime.errors import InvalidRequest as InvalidRequest_
 from runtime.errors import RuntimeCrashed
 from tests.tokenizer.http_helpers import RunningServer, server_state
 from tokenizer.http_server import create_app
 from tokenizer.server_state import ServerState
+
+KEY = "test-key-123"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+BODY_LIMIT = 65536
+CHAT = "/v1/chat/completions"
+COMP = "/v1/completions"
+GEN = "/generate"
+MSG = [{"role": "user", "content": "hi"}]
 
 # ---------------------------------------------------------------- in-process, fake manager
 
@@ -50,26 +59,68 @@ class FakeManager:
         return results()
 
 
-def _app_call(manager: FakeManager | None, method: str, path: str,
-              body: Any = None) -> tuple[int, str]:
-    async def call() -> tuple[int, str]:
+def _app_request(manager: Any, method: str, path: str, body: Any = None,
+                 **kwargs: Any) -> tuple[int, str, dict[str, str]]:
+    """(status, text, headers) of one request to the app in-process (no manager: starting)."""
+    async def call() -> tuple[int, str, dict[str, str]]:
         server = ServerState(ServerConfig(model_path="/models/fake", context_length=100))
         if manager is not None:
             server.attach(manager)  # type: ignore[arg-type]
         async with TestClient(TestServer(create_app(server))) as client:
-            resp = await client.request(method, path, json=body)
-            return resp.status, await resp.text()
+            if body is not None:
+                kwargs["json"] = body
+            resp = await client.request(method, path, **kwargs)
+            return resp.status, await resp.text(), dict(resp.headers)
 
     return asyncio.run(call())
 
 
-def test_while_starting_only_static_routes_answer() -> None:
-    for method, path in (("GET", "/health"), ("POST", GEN), ("POST", CHAT),
-                         ("GET", "/get_server_info"), ("POST", "/flush_cache")):
-        status, text = _app_call(None, method, path, {"text": "hi"})
+def _app_call(manager: FakeManager | None, method: str, path: str,
+              body: Any = None) -> tuple[int, str]:
+    return _app_request(manager, method, path, body)[:2]
+
+
+EVERY_ROUTE = [("GET", "/health"), ("GET", "/health_generate"), ("POST", GEN), ("POST", CHAT), ("POST", COMP),
+               ("GET", "/get_server_info"), ("POST", "/flush_cache"), ("GET", "/v1/models"),
+               ("GET", "/get_model_info"), ("POST", "/abort_request"), ("GET", "/metrics")]
+
+
+def test_while_starting_every_route_says_retry_later() -> None:
+    """Clients that poll /v1/models or /get_model_info for readiness start only when
+    generations can run (they answered 200 while every generation got 503)."""
+    for method, path in EVERY_ROUTE:
+        status, text, headers = _app_request(None, method, path, {"text": "hi"} if method == "POST" else None)
         assert status == 503 and "starting" in text, (path, text)
-    assert _app_call(None, "GET", "/v1/models")[0] == 200
-    assert _app_call(None, "GET", "/get_model_info")[0] == 200
+        assert headers["Retry-After"] == "1", path
+        assert json.loads(text)["error"]["type"] == "service_unavailable_error"
+
+
+class SlowManager(FakeManager):
+    async def get_server_info(self) -> dict[str, Any]:
+        raise TimeoutError  # the scheduler did not answer its control message in time
+
+
+def test_an_internal_timeout_is_504_not_500() -> None:
+    status, text = _app_call(SlowManager(RuntimeError(), False), "GET", "/get_server_info")
+    assert status == 504 and json.loads(text)["error"]["type"] == "timeout_error", text
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data"])
+def test_json_routes_refuse_bodies_that_are_not_json(content_type: str) -> None:
+    """A web page can POST these cross-site without a preflight: refused before parsing."""
+    manager = FakeManager(RuntimeError("must not run"), False)
+    for path in (GEN, CHAT, COMP, "/abort_request"):
+        status, text, _ = _app_request(manager, "POST", path, data=b'{"text": "hi"}',
+                                       headers={"Content-Type": content_type})
+        assert status == 415 and "application/json" in json.loads(text)["error"]["message"], (path, text)
+
+
+def test_json_with_parameters_and_bodies_without_a_type_are_read() -> None:
+    manager = FakeManager(InvalidRequest_("reached the manager"), False)
+    for headers in ({"Content-Type": "application/json; charset=utf-8"}, {"Content-Type": "application/octet-stream"},
+                    {"Content-Type": "application/vnd.api+json"}, {}):
+        status, text, _ = _app_request(manager, "POST", GEN, data=b'{"text": "hi"}', headers=headers)
+        assert status == 400 and "reached the manager" in text, (headers, text)
 
 
 def test_unexpected_errors_are_500_without_details() -> None:
@@ -92,13 +143,6 @@ def test_errors_after_the_stream_started_are_events() -> None:
 
 # ---------------------------------------------------------------- the real server
 
-KEY = "test-key-123"
-AUTH = {"Authorization": f"Bearer {KEY}"}
-BODY_LIMIT = 65536
-CHAT = "/v1/chat/completions"
-COMP = "/v1/completions"
-GEN = "/generate"
-MSG = [{"role": "user", "content": "hi"}]
 
 
 @pytest.fixture(scope="module")
@@ -118,6 +162,12 @@ def _comp(**fields: Any) -> dict[str, Any]:
 
 
 RAW = object()  # marks a body sent as raw bytes
+
+
+def _deep(template: str) -> bytes:
+    """`template` with DEEP replaced by an object nested 1000 levels: it parses (orjson allows
+    1024), but the server's json.dumps of it recursed into a 500."""
+    return template.replace("DEEP", '{"a": ' * 1000 + "{}" + "}" * 1000).encode()
 BAD_REQUESTS: list[tuple[str, str, Any, int, str, str | None]] = [
     # (path, method, body, status, words in the message, param)
     (CHAT, "POST", (RAW, b"not json{{{"), 400, "not valid JSON", None),
@@ -171,7 +221,17 @@ BAD_REQUESTS: list[tuple[str, str, Any, int, str, str | None]] = [
      "at most one", "ebnf"),
     (GEN, "POST", {"text": "hi", "sampling_params": {"nope": 1}}, 400, "unknown", "nope"),
     ("/abort_request", "POST", {}, 400, "rid", "rid"),
+    # (written as text: neither the stdlib encoder of `requests` nor orjson writes 1000 levels)
+    (GEN, "POST", (RAW, _deep('{"text": "hi", "sampling_params": {"json_schema": DEEP}}')), 400,
+     "nested too deeply", "json_schema"),
+    (CHAT, "POST", (RAW, _deep('{"model": "m", "messages": [{"role": "user", "content": "hi"}], '
+                               '"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": DEEP}}}')),
+     400, "nested too deeply", "response_format.json_schema.schema"),
+    (CHAT, "POST", (RAW, _deep('{"model": "m", "messages": [{"role": "user", "content": "hi"}], '
+                               '"tools": [{"type": "function", "function": {"name": "f", "parameters": DEEP}}]}')),
+     400, "nested too deeply", "tools"),
     (CHAT, "GET", None, 405, "not allowed", None),
+    ("/flush_cache", "GET", None, 405, "not allowed", None),
     ("/no/such/route", "GET", None, 404, "Not found", None),
 ]
 

@@ -207,7 +207,27 @@ def test_sigterm_drains_then_exits_zero(server: RunningServer) -> None:
     wait_until(lambda: requests.get(server.url + "/health", timeout=10).status_code == 503, "draining")
     late = post(server, "/generate", body, timeout=10)
     assert late.status_code == 503 and "error" in late.json(), late.text
+    assert late.headers["Retry-After"] == "1"
     worker.join(60)
     assert result["meta_info"]["finish_reason"]["type"] == "length"
     assert server.process.wait(60) == 0
     assert "server stopped (exit code 0)" in server.log()
+
+
+def test_drain_timeout_bounds_the_wait_for_running_requests(default_model_path: str) -> None:
+    """--drain-timeout 1: a request that would run for long is cut off when the drain times out
+    (not after its 1500 tokens), its client gets an answer, and the server still exits 0."""
+    server = RunningServer.start(default_model_path, "--drain-timeout", "1")
+    try:
+        result: dict = {}
+        body = {"text": "Count:", "sampling_params": {"max_new_tokens": 1500, "ignore_eos": True}}
+        worker = threading.Thread(target=lambda: result.update(status=post(server, "/generate", body).status_code))
+        worker.start()
+        wait_until(lambda: server_state(server)["running"] > 0, "the request to run")
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(60) == 0
+        worker.join(30)
+        assert "status" in result  # answered, not left hanging
+        assert "drain timed out" in server.log()
+    finally:
+        server.stop()
