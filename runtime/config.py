@@ -52,6 +52,10 @@ class ServerConfig:
     max_total_tokens: int | None = _opt(None, "KV cache capacity in tokens; default: from free GPU memory, or 65536 on CPU")
     max_running_requests: int | None = _opt(None, "most requests decoding at once; default: from the KV capacity")
     max_prefill_tokens: int = _opt(16384, "most new prompt tokens in one prefill batch")
+    max_queued_requests: int = _opt(
+        1024, "most requests admitted beyond --max-running-requests (waiting in the queue); more get 503 with "
+        "Retry-After")
+    max_prompts_per_request: int = _opt(256, "most prompts in one /generate or /v1/completions batch (400 above)")
     chunked_prefill_size: int | None = _opt(None, "longest prompt chunk per step (-1 disables chunking); default: 2048 on CUDA, 512 on CPU")
     page_size: int = _opt(1, "tokens per KV page")
     schedule_policy: str = _opt("fcfs", "order of the waiting queue", ("fcfs", "lpm", "dfs-weight"))
@@ -90,6 +94,9 @@ class ServerConfig:
             raise InvalidRequest("page_size must be >= 1", param="page_size")
         if self.stream_interval < 1:
             raise InvalidRequest("stream_interval must be >= 1", param="stream_interval")
+        for name in ("max_queued_requests", "max_prompts_per_request"):
+            if getattr(self, name) < 1:
+                raise InvalidRequest(f"{name} must be >= 1", param=name)
         if not self.drain_timeout >= 0:
             raise InvalidRequest("drain_timeout must be >= 0 seconds", param="drain_timeout")
         if self.cuda_graph_max_bs is not None and self.cuda_graph_max_bs < 1:

@@ -12,6 +12,16 @@ class InvalidRequest(ValueError):
         self.param = param
 
 
+class Overloaded(RuntimeError):
+    """The server holds as many requests as it admits: come back after `retry_after` seconds
+    (the HTTP layer answers 503 with Retry-After; nothing of the request was queued)."""
+
+    def __init__(self, message: str, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retry_after = retry_after
+
+
 class OutOfCapacity(RuntimeError):
     """The KV cache or request slots cannot hold what was asked, even after eviction."""
 

@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from runtime.errors import InvalidRequest, RuntimeCrashed
+from runtime.errors import InvalidRequest, Overloaded, RuntimeCrashed
 
 logger = logging.getLogger("radixserve.http")
 
@@ -77,6 +77,8 @@ def classify(exc: BaseException) -> tuple[int, str, str | None]:
         return exc.status, exc.message, exc.param
     if isinstance(exc, RuntimeCrashed):
         return 503, f"The server cannot serve requests: {exc}", None
+    if isinstance(exc, Overloaded):
+        return 503, exc.message, None
     if isinstance(exc, web.HTTPException):
         return exc.status, _http_exception_message(exc), None
     if isinstance(exc, TimeoutError):  # an internal wait (the scheduler's answer) ran out
@@ -105,7 +107,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         status, message, param = classify(exc)
         headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
         return error_response(status, message, param, headers)
-    except (InvalidRequest, HTTPError, RuntimeCrashed, TimeoutError) as exc:
+    except (InvalidRequest, HTTPError, RuntimeCrashed, Overloaded, TimeoutError) as exc:
         return error_response(*classify(exc), retry_after=getattr(exc, "retry_after", None))
     except ConnectionError:
         logger.debug("client went away during %s %s", request.method, request.path)

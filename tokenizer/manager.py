@@ -22,11 +22,12 @@ import itertools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from runtime.codec import TypeDispatcher
 from runtime.config import ServerConfig
-from runtime.errors import InvalidRequest, RuntimeCrashed
+from runtime.errors import InvalidRequest, Overloaded, RuntimeCrashed
 from runtime.ipc import AsyncPullSocket, IpcDir, PushSocket, new_context
 from runtime.messages import (
     AbortReq, BatchStrOut, FlushCacheOut, FlushCacheReq, GenerateReq, GetStateReq,
@@ -41,6 +42,7 @@ from tokenizer.limits import RequestLimits, check_grammar, check_request
 logger = logging.getLogger("radixserve.tokenizer")
 
 CONTROL_TIMEOUT_S = 30.0
+OFFLOAD_TOKENIZE_CHARS = 4096  # prompt text from which encoding leaves the event loop
 WARMUP_SUFFIX = "_warmup"  # NOTE: "_"-separated, so aborting the parent rid aborts it too
 SEED_LIMIT = 1 << 63  # SamplingParams.seed is in [0, 2**63)
 GenerateOutput = dict[str, Any] | list[dict[str, Any]]
@@ -80,6 +82,11 @@ class TokenizerManager:
         self._to_scheduler = PushSocket(self._ctx, ipc.endpoint("scheduler"), linger_ms=500)
         self._inbox = AsyncPullSocket(self._ctx, ipc.endpoint("tokenizer"), bind=True)
         self.rid_to_state: dict[str, ReqState] = {}
+        # Admission: requests (n>1 samples and their warm-ups each count) held at once.
+        self.max_live = (scheduler_info.get("max_running_requests") or 0) + config.max_queued_requests
+        self.on_reject: Callable[[str], None] | None = None
+        """Called (on the loop) with the reason of each request refused for overload."""
+        self._tokenize_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
         self.dead_reason: str | None = None
         self.on_dead: Callable[[str], None] | None = None
         """Called once (on the loop) when the runtime fails, e.g. to shut the tree down."""
@@ -114,6 +121,7 @@ class TokenizerManager:
         self._to_scheduler.close()
         self._inbox.close()
         self._ctx.term()
+        self._tokenize_pool.shutdown(wait=False, cancel_futures=True)
 
     # ------------------------------------------------------------ generation
 
@@ -131,7 +139,14 @@ class TokenizerManager:
         """
         self._check_alive()
         normalized = normalize_generate(body)
-        prepared = [self._prepare(single) for single in normalized.requests]
+        if len(normalized.requests) > self.config.max_prompts_per_request:
+            field = "input_ids" if body.get("input_ids") is not None else "text"
+            raise InvalidRequest(f"{len(normalized.requests)} prompts in one request; at most "
+                                 f"{self.config.max_prompts_per_request} (--max-prompts-per-request)", param=field)
+        self._admit(len(normalized.requests), normalized.requests[0].prompt_field)  # before tokenizing
+        ids = await self._encode(normalized.requests)
+        prepared = [self._prepare(single, single_ids) for single, single_ids in zip(normalized.requests, ids)]
+        self._admit(sum(len(self._rids_of(p)) for p in prepared), "n")
         for p in prepared:
             await check_grammar(p.req.sampling_params)
         self._check_alive()  # the runtime may have died while the grammar check ran
@@ -142,11 +157,31 @@ class TokenizerManager:
         fan_out = normalized.is_batch or any(p.n > 1 for p in prepared)
         return self._run(prepared, fan_out, normalized.requests[0].stream)
 
-    def _prepare(self, single: SingleRequest) -> _Prepared:
-        if single.input_ids is not None:
-            ids = single.input_ids
+    def _admit(self, count: int, field: str) -> None:
+        """Refuse `count` more requests when the server already holds its limit of them (a 400
+        naming `field` when they could never all be held at once)."""
+        if count > self.max_live:
+            raise InvalidRequest(f"this request needs {count} request slots and the server holds at most "
+                                 f"{self.max_live} (--max-running-requests + --max-queued-requests)", param=field)
+        if len(self.rid_to_state) + count > self.max_live:
+            if self.on_reject is not None:
+                self.on_reject("queue_full")
+            raise Overloaded(f"The server is at capacity ({len(self.rid_to_state)} requests in flight, at most "
+                             f"{self.max_live}); retry later.")
+
+    async def _encode(self, requests: list[SingleRequest]) -> list[list[int]]:
+        """Each request's prompt ids. Long texts are encoded on a worker thread, so the event loop
+        keeps serving every other stream meanwhile (an 8 MiB body took it for seconds)."""
+        texts = [r.text for r in requests if r.input_ids is None]
+        if sum(len(t or "") for t in texts) < OFFLOAD_TOKENIZE_CHARS:
+            encoded = [self.tokenizer.encode(t) for t in texts]
         else:
-            ids = self.tokenizer.encode(single.text)
+            loop = asyncio.get_running_loop()
+            encoded = await loop.run_in_executor(self._tokenize_pool, lambda: [self.tokenizer.encode(t) for t in texts])
+        it = iter(encoded)
+        return [list(r.input_ids) if r.input_ids is not None else next(it) for r in requests]
+
+    def _prepare(self, single: SingleRequest, ids: list[int]) -> _Prepared:
         params = SamplingParams.from_dict(single.sampling_params)
         check_request(single, ids, params, self.limits)
         req = GenerateReq(

@@ -5,7 +5,8 @@ Names follow SGLang's (`sglang:` becomes `radixserve:`), each with a `model_name
     gauges      num_running_reqs, num_queue_reqs, num_used_tokens, token_usage,
                 cache_hit_rate, gen_throughput
     counters    prompt_tokens_total, generation_tokens_total, cached_tokens_total,
-                num_requests_total{finish_reason}, http_requests_total{method, route, status}
+                num_requests_total{finish_reason}, http_requests_total{method, route, status},
+                num_rejected_requests_total{reason} (admission control: queue_full)
     histograms  time_to_first_token_seconds, inter_token_latency_seconds,
                 e2e_request_latency_seconds
 
@@ -72,6 +73,8 @@ class ServerMetrics:
                                  ["model_name", "finish_reason"], registry=self.registry)
         self._http = Counter(PREFIX + "http_requests", "HTTP requests by route and status",
                              ["method", "route", "status"], registry=self.registry)
+        self._rejected = Counter(PREFIX + "num_rejected_requests", "Requests refused before queueing, by reason",
+                                 ["model_name", "reason"], registry=self.registry)
         self.ttft = self._histogram("time_to_first_token_seconds", "Time to first token",
                                     TTFT_BUCKETS)
         self.itl = self._histogram("inter_token_latency_seconds", "Time per token after the first",
@@ -96,6 +99,10 @@ class ServerMetrics:
         return hist.labels(self.model_name)
 
     # ------------------------------------------------------------ per request
+
+    def observe_reject(self, reason: str) -> None:
+        """The TokenizerManager's `on_reject` hook (admission control)."""
+        self._rejected.labels(self.model_name, reason).inc()
 
     def observe_output(self, state: ReqState, before: int, now: float) -> None:
         """The TokenizerManager's `on_output` hook. NOTE: it runs inside the manager's receive

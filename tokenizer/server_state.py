@@ -67,6 +67,7 @@ class ServerState:
         """The runtime is up: serve with this manager."""
         self.tm = tm
         tm.on_output = self.metrics.observe_output
+        tm.on_reject = self.metrics.observe_reject
         self.phase = Phase.READY
 
     @property

@@ -43,6 +43,7 @@ class FakeManager:
     dead_reason: str | None = None
     is_healthy = True
     on_output = None
+    on_reject = None
     context_length = 100
 
     def __init__(self, failure: BaseException, after_one_chunk: bool) -> None:

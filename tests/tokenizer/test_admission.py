@@ -1,0 +1,89 @@
+"""Admission control against the real server (--max-running-requests 1 --max-queued-requests 1
+--max-prompts-per-request 4): beyond what it admits a request gets 503 with Retry-After and is
+counted, nothing of it queued; a batch over the prompt cap is a 400; long prompts are encoded
+off the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import types
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+import pytest
+import requests
+
+from tests.tokenizer.http_helpers import RunningServer, post, server_state, wait_until
+from tokenizer.io import SingleRequest
+from tokenizer.manager import OFFLOAD_TOKENIZE_CHARS, TokenizerManager
+
+LONG = {"sampling_params": {"max_new_tokens": 400, "ignore_eos": True}}
+
+
+@pytest.fixture(scope="module")
+def server(default_model_path: str) -> Iterator[RunningServer]:
+    running = RunningServer.start(default_model_path, "--max-running-requests", "1", "--max-queued-requests", "1",
+                                  "--max-prompts-per-request", "4")
+    yield running
+    running.stop()
+
+
+def test_a_batch_over_the_prompt_cap_is_a_400(server: RunningServer) -> None:
+    resp = post(server, "/generate", {"text": ["a"] * 5, "sampling_params": {"max_new_tokens": 1}})
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "text", resp.text
+    assert "at most 4" in resp.json()["error"]["message"]
+    resp = post(server, "/v1/completions", {"model": "m", "prompt": ["a"] * 5, "max_tokens": 1})
+    assert resp.status_code == 400, resp.text
+    assert post(server, "/generate", {"text": ["a"] * 2, "sampling_params": {"max_new_tokens": 1}}).status_code == 200
+
+
+def test_beyond_running_plus_queued_is_a_503_with_retry_after(server: RunningServer) -> None:
+    results: list[int] = []
+    workers = [threading.Thread(target=lambda i=i: results.append(
+        post(server, "/generate", {"text": f"Count {i}:", "rid": f"long{i}", **LONG}).status_code)) for i in range(2)]
+    for w in workers:
+        w.start()
+    wait_until(lambda: (lambda s: s["running"] + s["waiting"])(server_state(server)) == 2, "two requests held")
+    refused = post(server, "/generate", {"text": "one more", "sampling_params": {"max_new_tokens": 1}})
+    assert refused.status_code == 503, refused.text
+    assert refused.headers["Retry-After"] == "1"
+    assert refused.json()["error"]["type"] == "service_unavailable_error"
+    assert "capacity" in refused.json()["error"]["message"]
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+    with pytest.raises(openai.InternalServerError) as err:  # the openai package retries these
+        client.completions.create(model="m", prompt="hi", max_tokens=1)
+    assert err.value.status_code == 503
+    metrics = requests.get(server.url + "/metrics", timeout=30).text
+    assert 'radixserve:num_rejected_requests_total{model_name="SmolLM2-135M-Instruct",reason="queue_full"} 2.0' in metrics
+    for rid in ("long0", "long1"):
+        post(server, "/abort_request", {"rid": rid})
+    for w in workers:
+        w.join(60)
+    assert sorted(results) == [200, 200]
+    state = server_state(server)
+    assert state["integrity"] == "ok" and state["running"] == 0 and state["waiting"] == 0
+    assert post(server, "/generate", {"text": "again", "sampling_params": {"max_new_tokens": 1}}).status_code == 200
+
+
+def test_a_request_that_could_never_be_held_is_a_400(server: RunningServer) -> None:
+    """n=2 is two samples and a warm-up: three held requests, more than the two admitted at all."""
+    resp = post(server, "/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 1, "n": 2}})
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "n", resp.text
+
+
+def test_long_prompts_are_encoded_off_the_event_loop() -> None:
+    threads: list[str] = []
+
+    class Recording:
+        def encode(self, text: str) -> list[int]:
+            threads.append(threading.current_thread().name)
+            return [len(text)]
+
+    fake = types.SimpleNamespace(tokenizer=Recording(), _tokenize_pool=ThreadPoolExecutor(1, thread_name_prefix="tokenize"))
+    short = [SingleRequest("a", text="hi"), SingleRequest("b", input_ids=[5, 6])]
+    long = [SingleRequest("c", text="x" * OFFLOAD_TOKENIZE_CHARS)]
+    assert asyncio.run(TokenizerManager._encode(fake, short)) == [[2], [5, 6]]  # type: ignore[arg-type]
+    assert asyncio.run(TokenizerManager._encode(fake, long)) == [[OFFLOAD_TOKENIZE_CHARS]]  # type: ignore[arg-type]
+    assert threads[0] == "MainThread" and threads[1].startswith("tokenize")
