@@ -55,6 +55,9 @@ class ServerConfig:
     max_queued_requests: int = _opt(
         1024, "most requests admitted beyond --max-running-requests (waiting in the queue); more get 503 with "
         "Retry-After")
+    request_timeout: float | None = _opt(
+        None, "seconds a request may take from arrival to its end (a body's top-level `timeout` overrides it); "
+        "past it, it ends with finish_reason abort; default: no deadline")
     max_prompts_per_request: int = _opt(256, "most prompts in one /generate or /v1/completions batch (400 above)")
     chunked_prefill_size: int | None = _opt(None, "longest prompt chunk per step (-1 disables chunking); default: 2048 on CUDA, 512 on CPU")
     page_size: int = _opt(1, "tokens per KV page")
@@ -97,6 +100,8 @@ class ServerConfig:
         for name in ("max_queued_requests", "max_prompts_per_request"):
             if getattr(self, name) < 1:
                 raise InvalidRequest(f"{name} must be >= 1", param=name)
+        if self.request_timeout is not None and not self.request_timeout > 0:
+            raise InvalidRequest("request_timeout must be > 0 seconds", param="request_timeout")
         if not self.drain_timeout >= 0:
             raise InvalidRequest("drain_timeout must be >= 0 seconds", param="drain_timeout")
         if self.cuda_graph_max_bs is not None and self.cuda_graph_max_bs < 1:

@@ -80,6 +80,7 @@ class GenerateReq:
     stream: bool = False
     extra_key: str | None = None
     prefill_only_cache: bool = False
+    deadline: float | None = None  # wall-clock seconds (time.time()) after which it is aborted
 
 
 @message

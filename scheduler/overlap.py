@@ -60,6 +60,7 @@ class OverlapScheduler(Scheduler):
             self.dispatch(msg)
         start = time.perf_counter()
         self.admit_compiled_grammars()
+        self.expire_overdue()
         if pending is not None and not self.can_overlap(pending[0]):
             self.finish(pending)
             pending = None

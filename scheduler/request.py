@@ -40,6 +40,7 @@ class Req:
     stream: bool = False
     extra_key: str | None = None
     stop_ids: frozenset[int] = frozenset()  # EOS + stop_token_ids (empty when ignore_eos)
+    deadline: float | None = None  # wall-clock seconds; past it the scheduler aborts the request
 
     state: ReqState = ReqState.WAITING
     output: list[int] = field(default_factory=list)
@@ -79,6 +80,7 @@ class Req:
             stream=msg.stream,
             extra_key=msg.extra_key,
             stop_ids=stop_ids,
+            deadline=msg.deadline,
         )
 
     @property

@@ -27,6 +27,7 @@ from runtime.messages import (
 )
 from runtime.model_runner import ForwardResult, ModelRunner
 from scheduler.batch import ScheduledBatch, decode_entry, prefill_entry, record_input_logprobs
+from scheduler.deadlines import Deadlines
 from scheduler.finish import check_finished
 from scheduler.grammar_queue import GrammarQueue
 from scheduler.output import build_batch_out, has_news
@@ -74,6 +75,8 @@ class Scheduler:
         self.chunked: Req | None = None  # the one request whose prompt is mid-way through chunks
         self.finished_out: list[Req] = []  # finished outside a forward (abort, rejection)
         self.grammars = grammars or GrammarQueue(None)
+        self.deadlines = Deadlines()
+        self.clock: Callable[[], float] = time.time  # the deadlines' clock (tests move it by hand)
         self.holding: dict[int, Req] = {}  # request row -> the request that holds it (and KV)
         self.stopped = False
         self.checked_idle = False
@@ -100,6 +103,7 @@ class Scheduler:
             self.dispatch(msg)
         start = time.perf_counter()
         self.admit_compiled_grammars()
+        self.expire_overdue()
         batch = self.next_batch()
         if batch is not None:
             self.process_result(batch, self.runner.forward(batch.entries))
@@ -114,6 +118,7 @@ class Scheduler:
     def on_idle(self) -> None:
         self.check_idle_integrity()
         self.ratio.reset()
+        self.deadlines.clear()  # only finished requests are left in it
         self.checked_idle = True
 
     @property
@@ -124,6 +129,11 @@ class Scheduler:
             not self.waiting and not self.running and self.chunked is None and not self.finished_out
             and not self.grammars.pending and not self.holding
         )
+
+    def expire_overdue(self) -> None:
+        """Abort the requests whose deadline passed, in whatever state they are."""
+        for req in self.deadlines.pop_expired(self.clock()):
+            self.abort_matching(lambda rid, own=req.rid: rid == own, "the request's deadline passed (its timeout)")
 
     def admit_compiled_grammars(self) -> None:
         """Move requests whose grammar compiled to the waiting queue; reject failed ones."""
@@ -145,22 +155,27 @@ class Scheduler:
         need = pages(len(req.prompt) + req.sampling.max_new_tokens, self.page_size)
         if need > self.cache.total:
             return self.reject(req, f"the request needs {need} KV slots but the whole pool holds {self.cache.total}")
+        self.deadlines.add(req)
         if not self.grammars.submit(req):
             self.waiting.append(req)
 
     def handle_abort(self, msg: AbortReq) -> None:
-        for req in self.grammars.remove_matching(msg.matches):
-            self.finish_now(req, "aborted by request")
+        self.abort_matching(msg.matches, "aborted by request")
+
+    def abort_matching(self, matches: Callable[[str], bool], message: str) -> None:
+        """Abort every request whose rid `matches`, wherever it is."""
+        for req in self.grammars.remove_matching(matches):
+            self.finish_now(req, message)
         for queue in (self.waiting, self.running):
-            for req in [r for r in queue if msg.matches(r.rid)]:
+            for req in [r for r in queue if matches(r.rid)]:
                 queue.remove(req)
-                self.finish_now(req, "aborted by request")
-        if self.chunked is not None and msg.matches(self.chunked.rid):
+                self.finish_now(req, message)
+        if self.chunked is not None and matches(self.chunked.rid):
             req, self.chunked = self.chunked, None
-            self.finish_now(req, "aborted by request")
+            self.finish_now(req, message)
         # Admitted into a prefill still in flight (overlap): in no queue yet, but holding a row.
-        for req in [r for r in self.holding.values() if msg.matches(r.rid) and not r.finished]:
-            self.finish_now(req, "aborted by request")
+        for req in [r for r in self.holding.values() if matches(r.rid) and not r.finished]:
+            self.finish_now(req, message)
 
     def handle_flush(self, msg: FlushCacheReq) -> None:
         if not self.is_idle:
@@ -412,6 +427,7 @@ class Scheduler:
             "rows_free": self.rows.available(),
             "integrity": integrity,
             "retractions": self.retractions,
+            "deadline_expired": self.deadlines.expired_count,
             "evicted_tokens": self.cache.evicted_tokens,
             "mixed_steps": self.mixed_steps,
             "new_token_ratio": self.ratio.value,

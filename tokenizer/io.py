@@ -11,6 +11,7 @@ splits a batch into `SingleRequest`s. Accepted fields (a JSON null means "the de
     top_logprobs_num          int | list[int]  (>= 0)      default 0
     return_text_in_logprobs   bool                         default False
     stream                    bool                         default False
+    timeout                   number > 0 (seconds)         default --request-timeout (none)
 
 Unknown keys are ignored, as SGLang does. Every rejection is an `InvalidRequest` naming the field.
 The response helpers turn the wire logprob shapes (runtime/messages.py) into SGLang's
@@ -22,6 +23,7 @@ No sockets here: the TokenizerManager owns those.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -48,6 +50,7 @@ class SingleRequest:
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
     stream: bool = False
+    timeout: float | None = None  # seconds from arrival; past it the request is aborted
 
     @property
     def prompt_field(self) -> str:
@@ -79,6 +82,7 @@ def normalize_generate(body: Any) -> NormalizedGenerate:
     top_num = _per_item(body, "top_logprobs_num", n, 0, _int_at_least(0), "an integer >= 0")
     text_in_lp = _scalar(body, "return_text_in_logprobs", False)
     stream = _scalar(body, "stream", False)
+    timeout = _timeout(body.get("timeout"))
     requests = [
         SingleRequest(
             rid=rids[i],
@@ -90,6 +94,7 @@ def normalize_generate(body: Any) -> NormalizedGenerate:
             top_logprobs_num=top_num[i],
             return_text_in_logprobs=text_in_lp,
             stream=stream,
+            timeout=timeout,
         )
         for i in range(n)
     ]
@@ -176,6 +181,15 @@ def _per_item(
         if not ok(v):
             raise InvalidRequest(f"{name} must be {what}, got {v!r}", param=name)
     return list(values)
+
+
+def _timeout(value: Any) -> float | None:
+    """The request's `timeout`: a positive, finite number of seconds, or None."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise InvalidRequest(f"timeout must be a positive number of seconds, got {value!r}", param="timeout")
+    return float(value)
 
 
 def _scalar(body: dict[str, Any], name: str, default: bool) -> bool:

@@ -184,8 +184,9 @@ class TokenizerManager:
     def _prepare(self, single: SingleRequest, ids: list[int]) -> _Prepared:
         params = SamplingParams.from_dict(single.sampling_params)
         check_request(single, ids, params, self.limits)
+        timeout = single.timeout or self.config.request_timeout
         req = GenerateReq(
-            rid=single.rid, input_ids=list(ids),
+            rid=single.rid, input_ids=list(ids), deadline=None if timeout is None else time.time() + timeout,
             sampling_params=dataclasses.replace(params, n=1),
             return_logprob=single.return_logprob, logprob_start_len=single.logprob_start_len,
             top_logprobs_num=single.top_logprobs_num, stream=single.stream,

@@ -38,7 +38,7 @@ SAMPLING_FIELDS = {  # OpenAI / SGLang-extra name -> SamplingParams name
     "spaces_between_special_tokens": "spaces_between_special_tokens",
 }
 IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls"}
-COMMON = {"model", "max_tokens", "stream", "stream_options", "logprobs", "rid",
+COMMON = {"model", "max_tokens", "stream", "stream_options", "logprobs", "rid", "timeout",
           *SAMPLING_FIELDS, *GRAMMAR_FIELDS, *IGNORED}
 COMPLETION_FIELDS = COMMON | {"prompt", "echo", "suffix", "best_of"}
 CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "top_logprobs", "response_format",
@@ -152,6 +152,8 @@ def _plan(kind: str, req: dict[str, Any], model: str, **fields: Any) -> OpenAIPl
     rid = _typed(req, "rid", lambda x: isinstance(x, str) and x != "", "a non-empty string")
     rid = rid or uuid.uuid4().hex
     fields["body"]["rid"] = rid
+    if req.get("timeout") is not None:  # checked with the native body's (seconds > 0)
+        fields["body"]["timeout"] = req["timeout"]
     n = req.get("n") if _is_int(req.get("n")) else 1
     prefix = "cmpl-" if kind == "completion" else "chatcmpl-"
     return OpenAIPlan(kind=kind, id=prefix + rid, created=int(time.time()), model=model, n=n,

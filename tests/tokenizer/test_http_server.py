@@ -195,6 +195,24 @@ def test_metrics(server: RunningServer) -> None:
     assert 'model_name="smol"' in text
 
 
+def test_a_request_past_its_timeout_ends_with_abort(server: RunningServer) -> None:
+    """A top-level `timeout` (native, and OpenAI's body through extra_body) bounds a request
+    server-side: it ends with finish_reason abort saying its deadline passed, nothing leaks."""
+    long = {"max_new_tokens": 1500, "ignore_eos": True}
+    out = post(server, "/generate", {"text": "Count:", "sampling_params": long, "timeout": 0.5}).json()
+    finish = out["meta_info"]["finish_reason"]
+    assert finish["type"] == "abort" and "deadline" in finish["message"], finish
+    assert out["meta_info"]["completion_tokens"] < 1500
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+    reply = client.completions.create(model="smol", prompt="Count:", max_tokens=1500, extra_body={
+        "ignore_eos": True, "timeout": 0.5})
+    assert reply.choices[0].finish_reason == "abort"
+    bad = post(server, "/generate", {"text": "hi", "timeout": -1})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "timeout"
+    state = server_state(server)
+    assert state["deadline_expired"] >= 2 and state["integrity"] == "ok"
+
+
 def test_sigterm_drains_then_exits_zero(server: RunningServer) -> None:
     """SIGTERM while a request runs: /health turns 503, a new request gets a 503 error object,
     the running one finishes normally, and the server exits 0."""
