@@ -85,6 +85,9 @@ class ServerConfig:
     max_n: int = _opt(16, "largest accepted n (parallel samples per prompt)")
     max_top_logprobs: int = _opt(20, "largest accepted top_logprobs / top_logprobs_num")
     log_level: str = _opt("info", "logging level", ("debug", "info", "warning", "error"))
+    watchdog_timeout: float = _opt(
+        300.0, "seconds the scheduler may go without finishing a loop iteration (a stuck forward) before it "
+        "reports, fails every request and exits non-zero; 0 turns the watchdog off")
     drain_timeout: float = _opt(30.0, "seconds in-flight requests get to finish after SIGTERM/SIGINT before they are aborted")
 
     def __post_init__(self) -> None:
@@ -102,6 +105,8 @@ class ServerConfig:
                 raise InvalidRequest(f"{name} must be >= 1", param=name)
         if self.request_timeout is not None and not self.request_timeout > 0:
             raise InvalidRequest("request_timeout must be > 0 seconds", param="request_timeout")
+        if not self.watchdog_timeout >= 0:
+            raise InvalidRequest("watchdog_timeout must be >= 0 seconds", param="watchdog_timeout")
         if not self.drain_timeout >= 0:
             raise InvalidRequest("drain_timeout must be >= 0 seconds", param="drain_timeout")
         if self.cuda_graph_max_bs is not None and self.cuda_graph_max_bs < 1:

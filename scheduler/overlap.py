@@ -77,6 +77,7 @@ class OverlapScheduler(Scheduler):
             self.checked_idle = False
         if pending is not None or launched is not None:
             self.busy_s += time.perf_counter() - start
+        self.progress_at = time.monotonic()
         return launched
 
     def can_overlap(self, last: ScheduledBatch) -> bool:

@@ -18,6 +18,7 @@ from runtime.codec import encode
 from runtime.config import ServerConfig, read_model_json
 from runtime.ipc import IpcDir, PullSocket, PushSocket, new_context
 from runtime.messages import BatchTokenOut, ChildReady, SchedulerCrashed
+from scheduler.watchdog import Watchdog
 
 logger = logging.getLogger("radixserve.scheduler")
 IDLE_POLL_MS = 200  # how long an idle scheduler blocks on its socket before looking around
@@ -49,6 +50,22 @@ class SocketIO:
         for sock in (self.inbox, self.to_detokenizer, self.to_tokenizer):
             sock.close()
         self.ctx.term()
+
+
+def start_watchdog(config: ServerConfig, ipc_path: str, scheduler: Any) -> Watchdog | None:
+    """The watchdog of a running scheduler; its report goes out on a socket of its own (ZMQ
+    sockets are not thread-safe, and the loop's may be mid-send in the stuck thread)."""
+    if not config.watchdog_timeout:
+        return None
+
+    def report(message: str) -> None:
+        ctx = new_context()
+        sock = PushSocket(ctx, IpcDir(ipc_path).endpoint("tokenizer"), linger_ms=1000)
+        sock.send(SchedulerCrashed("scheduler", message))
+        sock.close()
+        ctx.term()
+
+    return Watchdog(config.watchdog_timeout, lambda: scheduler.progress_at, report).start()
 
 
 def eos_token_ids(model_path: str, tokenizer: Any, config_eos: tuple[int, ...]) -> frozenset[int]:
@@ -107,7 +124,10 @@ def run_scheduler_process(config: ServerConfig, ipc_path: str, ready_conn: Conne
             "eos_token_ids": sorted(scheduler.eos_ids),
         }
         ready_conn.send_bytes(encode(ChildReady("scheduler", info)))
+        watchdog = start_watchdog(config, ipc_path, scheduler)
         scheduler.event_loop()
+        if watchdog is not None:
+            watchdog.stop()
     except Exception:
         tb = traceback.format_exc()
         logger.error("scheduler crashed:\n%s", tb)

@@ -77,6 +77,7 @@ class Scheduler:
         self.grammars = grammars or GrammarQueue(None)
         self.deadlines = Deadlines()
         self.clock: Callable[[], float] = time.time  # the deadlines' clock (tests move it by hand)
+        self.progress_at = time.monotonic()  # stamped by every loop iteration (the watchdog reads it)
         self.holding: dict[int, Req] = {}  # request row -> the request that holds it (and KV)
         self.stopped = False
         self.checked_idle = False
@@ -113,6 +114,7 @@ class Scheduler:
         self.send_outputs(batch)
         if batch is not None:
             self.busy_s += time.perf_counter() - start
+        self.progress_at = time.monotonic()
         return batch
 
     def on_idle(self) -> None:

@@ -21,7 +21,8 @@ from runtime.engine import Engine
 from runtime.errors import RuntimeCrashed
 from runtime.launch import LaunchError, launch_runtime
 from runtime import launch
-from tests.runtime.faulty_scheduler import FAULT_MESSAGE, FAULT_PROMPT, run_faulty_scheduler
+from scheduler.watchdog import WATCHDOG_EXIT_CODE
+from tests.runtime.faulty_scheduler import FAULT_MESSAGE, FAULT_PROMPT, HANG_PROMPT, run_faulty_scheduler
 from tests.runtime.fake_scheduler import (
     EXIT_CODE, orphan_middle, run_dying_scheduler, run_fake_scheduler, run_sleepy_scheduler,
 )
@@ -127,6 +128,21 @@ def test_real_scheduler_forward_exception_fails_requests(config: ServerConfig, p
     assert not engine.is_healthy
     _assert_dead_and_clean(engine, private_tmp)
     assert scheduler.exitcode == 1  # the scheduler exits non-zero after reporting
+
+
+def test_watchdog_ends_a_hung_forward(config: ServerConfig, private_tmp: str) -> None:
+    """A forward that never returns: after --watchdog-timeout the scheduler reports (its stacks in
+    the crash), every in-flight request fails, the engine is unhealthy, and the tree exits."""
+    engine = Engine.from_config(config.replace(watchdog_timeout=2.0), scheduler_target=run_faulty_scheduler)
+    worker, box = _pending_generate(engine)
+    scheduler = engine._runtime.processes["scheduler"]
+    with pytest.raises(RuntimeCrashed, match="WatchdogTimeout: the scheduler made no progress"):
+        engine.generate(input_ids=HANG_PROMPT + [1, 2], sampling_params={"max_new_tokens": 4})
+    worker.join(WAIT_S)
+    assert isinstance(box.get("error"), RuntimeCrashed)
+    assert not engine.is_healthy
+    _assert_dead_and_clean(engine, private_tmp)
+    assert scheduler.exitcode == WATCHDOG_EXIT_CODE
 
 
 def test_killed_scheduler_fails_requests(config: ServerConfig, private_tmp: str) -> None:
