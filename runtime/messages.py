@@ -150,7 +150,7 @@ class BatchTokenOut:
             decodes as surrounding context (SGLang's surr_offset); None on later messages.
         prompt_tokens / completion_tokens / cached_tokens: running totals, not deltas.
         skip_special_tokens / spaces_between_special_tokens: the request's decode flags.
-        stop_strs: the request's stop strings (the detokenizer matches them in text).
+        stop_strs: the request's stop strings in its first message, [] after (the detokenizer keeps them).
         no_stop_trim: keep the matched stop string / stop token in the output text.
         matched_stop_token: the request finished on a stop token (EOS or stop_token_ids) and that
             token is the last id of new_ids; unless no_stop_trim, it is not decoded into text.

@@ -27,6 +27,8 @@ from runtime.transfer import PendingHost, host_tensor, upload, upload_tensor
 
 __all__ = ["ForwardEntry", "ForwardResult", "ModelRunner", "StepInputs"]
 
+INPUT_LOGPROB_ROWS = 256  # prompt rows scored per lm_head call
+
 
 @dataclass
 class ForwardResult:
@@ -217,13 +219,21 @@ class ModelRunner:
                 continue
             assert hidden is not None, "graph steps never score input tokens"
             first = plan.qo_indptr[i] + e.logprob_start
-            rows = hidden[first : first + len(e.logprob_targets)]
-            logp = torch.log_softmax(self.model.compute_logits(rows), dim=-1)
-            targets = upload(e.logprob_targets, torch.int64, self.device)
-            lps[i] = logp.gather(1, targets[:, None]).squeeze(1).tolist()
-            if e.top_logprobs_num:
-                vals, ids = logp.topk(e.top_logprobs_num, dim=-1)
-                tops[i] = list(zip(ids.tolist(), vals.tolist()))
+            row_lps: list[float] = []
+            row_tops: list[tuple[list[int], list[float]]] = []
+            # In slices: a whole chunk's rows at once would be [chunk, vocab] fp32 (1.2 GB for
+            # 2048 rows of a 150k vocabulary).
+            for start in range(0, len(e.logprob_targets), INPUT_LOGPROB_ROWS):
+                targets = e.logprob_targets[start : start + INPUT_LOGPROB_ROWS]
+                rows = hidden[first + start : first + start + len(targets)]
+                logp = torch.log_softmax(self.model.compute_logits(rows), dim=-1)
+                ids_dev = upload(targets, torch.int64, self.device)
+                row_lps.extend(logp.gather(1, ids_dev[:, None]).squeeze(1).tolist())
+                if e.top_logprobs_num:
+                    vals, ids = logp.topk(e.top_logprobs_num, dim=-1)
+                    row_tops.extend(zip(ids.tolist(), vals.tolist()))
+            lps[i] = row_lps
+            tops[i] = row_tops if e.top_logprobs_num else None
         return lps, tops
 
 

@@ -27,6 +27,9 @@ from runtime.errors import InvalidRequest
 from runtime.json_text import client_json
 
 MAX_STOP_STRS = 16
+MAX_STOP_STR_CHARS = 512  # each stop string is matched against the output's tail every step
+MAX_STOP_TOKEN_IDS = 256
+MAX_LOGIT_BIAS_ENTRIES = 1024  # OpenAI accepts up to 300; every entry costs work every step
 MAX_LOGIT_BIAS = 100.0
 GREEDY_EPS = 1e-6
 _SEED_LIMIT = 1 << 63
@@ -126,6 +129,9 @@ class SamplingParams:
             return []
         if not isinstance(self.logit_bias, dict):
             raise _bad("logit_bias", "logit_bias must be an object of token id -> bias")
+        if len(self.logit_bias) > MAX_LOGIT_BIAS_ENTRIES:
+            raise _bad("logit_bias", f"logit_bias may have at most {MAX_LOGIT_BIAS_ENTRIES} entries, "
+                                     f"got {len(self.logit_bias)}")
         items = []
         for key, value in self.logit_bias.items():
             if isinstance(key, str) and _TOKEN_ID_STR.fullmatch(key):
@@ -222,6 +228,10 @@ class SamplingParams:
             raise _bad("stop", f"at most {MAX_STOP_STRS} stop strings are allowed, got {len(strs)}")
         if any(s == "" for s in strs):
             raise InvalidRequest("stop strings must be non-empty", param="stop")
+        if any(len(s) > MAX_STOP_STR_CHARS for s in strs):
+            raise _bad("stop", f"stop strings must be at most {MAX_STOP_STR_CHARS} characters long")
+        if len(self.stop_token_ids or []) > MAX_STOP_TOKEN_IDS:
+            raise _bad("stop_token_ids", f"at most {MAX_STOP_TOKEN_IDS} stop_token_ids are allowed")
         for tid in self.stop_token_ids or []:
             _check_token_id(tid, vocab_size, "stop_token_ids")
 

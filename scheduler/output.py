@@ -46,7 +46,7 @@ def _append(out: BatchTokenOut, req: Req) -> None:
     out.cached_tokens.append(req.cached_tokens)
     out.skip_special_tokens.append(sp.skip_special_tokens)
     out.spaces_between_special_tokens.append(sp.spaces_between_special_tokens)
-    out.stop_strs.append(sp.stop_strs)
+    out.stop_strs.append(sp.stop_strs if first else [])  # the detokenizer keeps a rid's first options
     out.no_stop_trim.append(sp.no_stop_trim)
     out.matched_stop_token.append(req.matched_stop_token and req.finished)
     if req.return_logprob:

@@ -137,9 +137,14 @@ def _check_ids(ids: Any) -> None:
         raise InvalidRequest(f"input_ids: token id {min(ids)} is negative", param="input_ids")
 
 
+MAX_RID_CHARS = 256  # a rid travels in every message of its request
+
+
 def _rids(rid: Any, n: int, is_batch: bool) -> list[str]:
     if rid is None:
         return [uuid.uuid4().hex for _ in range(n)]
+    if any(isinstance(r, str) and len(r) > MAX_RID_CHARS for r in (rid if isinstance(rid, list) else [rid])):
+        raise InvalidRequest(f"rid must be at most {MAX_RID_CHARS} characters", param="rid")
     if isinstance(rid, str):
         if not rid:
             raise InvalidRequest("rid must not be empty", param="rid")

@@ -222,6 +222,11 @@ BAD_REQUESTS: list[tuple[str, str, Any, int, str, str | None]] = [
      "at most one", "ebnf"),
     (GEN, "POST", {"text": "hi", "sampling_params": {"nope": 1}}, 400, "unknown", "nope"),
     ("/abort_request", "POST", {}, 400, "rid", "rid"),
+    (GEN, "POST", {"text": "hi", "sampling_params": {"stop": ["x" * 513]}}, 400, "at most 512 characters", "stop"),
+    (GEN, "POST", {"text": "hi", "sampling_params": {"stop_token_ids": [1] * 257}}, 400, "at most 256", "stop_token_ids"),
+    (CHAT, "POST", _chat(logit_bias={str(i): 1 for i in range(1025)}), 400, "at most 1024 entries", "logit_bias"),
+    (GEN, "POST", {"text": "hi", "rid": "r" * 257}, 400, "at most 256 characters", "rid"),
+    (COMP, "POST", _comp(timeout=0), 400, "timeout", "timeout"),
     # (written as text: neither the stdlib encoder of `requests` nor orjson writes 1000 levels)
     (GEN, "POST", (RAW, _deep('{"text": "hi", "sampling_params": {"json_schema": DEEP}}')), 400,
      "nested too deeply", "json_schema"),
