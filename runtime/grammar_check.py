@@ -34,17 +34,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import multiprocessing
 import re
-import signal
 import threading
 from collections import OrderedDict
-from multiprocessing.connection import Connection
 from collections.abc import Callable
+from multiprocessing.connection import Connection
 from typing import Any, Literal, NamedTuple
 
 from runtime.errors import InvalidRequest
 from runtime.sampling import SamplingParams
+from runtime.worker_process import KillableWorker, serve
 
 ANY_JSON = "$$ANY$$"
 MAX_GRAMMAR_BYTES = 64 * 1024  # UTF-8 bytes of one grammar source
@@ -128,83 +127,19 @@ def precheck(spec: GrammarSpec) -> str | None:
 
 
 def _worker_main(conn: Connection, build: Callable[[GrammarSpec], Any] = build_grammar) -> None:
-    """Worker loop: receive (kind, source), answer None (valid) or the error text.
+    """Worker: answer each (kind, source) with None (valid) or the error text.
 
     `build` is `build_grammar`; tests pass a module-level function that adds a delay."""
-    from runtime.procutil import watch_parent
+    import xgrammar  # noqa: F401  (imported before "ready": the first check is not charged for it)
 
-    # The parent owns shutdown: it closes the pipe (EOF below), dies (the watch exits us), or
-    # terminates us at exit (multiprocessing SIGTERMs daemon children then joins them, so
-    # SIGTERM must keep its default action or the parent's exit hangs). Ctrl-C is the parent's.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    watch_parent()
-    import xgrammar  # noqa: F401  (import before "ready": the first check is not charged for it)
-
-    conn.send("ready")
-    while True:
+    def check(request: tuple[GrammarKind, str]) -> str | None:
         try:
-            kind, source = conn.recv()
-        except (EOFError, OSError):
-            return
-        try:
-            build(GrammarSpec(kind, source))
-            conn.send(None)
+            build(GrammarSpec(*request))
+            return None
         except Exception as e:  # noqa: BLE001  (any failure is the grammar's verdict)
-            conn.send(clean_error(e))
+            return clean_error(e)
 
-
-class _Worker:
-    """One validation process; (re)started on demand, killed on timeout."""
-
-    def __init__(self, build: Callable[[GrammarSpec], Any]) -> None:
-        self.build = build
-        self.proc: multiprocessing.process.BaseProcess | None = None
-        self.conn: Connection | None = None
-
-    def ask(self, spec: GrammarSpec, timeout_s: float) -> str | None:
-        """Error text for `spec`, or None when valid. Raises TimeoutError or EOFError."""
-        conn = self._ensure_started()
-        try:
-            conn.send((spec.kind, spec.source))
-        except OSError:  # the worker died while idle: start a fresh one, once
-            self.kill()
-            conn = self._ensure_started()
-            conn.send((spec.kind, spec.source))
-        if not conn.poll(timeout_s):
-            self.kill()
-            raise TimeoutError
-        try:
-            return conn.recv()  # type: ignore[no-any-return]
-        except (EOFError, OSError):
-            self.kill()
-            raise EOFError from None
-
-    def _ensure_started(self) -> Connection:
-        if self.conn is not None and self.proc is not None and self.proc.is_alive():
-            return self.conn
-        self.kill()
-        ctx = multiprocessing.get_context("spawn")
-        parent, child = ctx.Pipe()
-        proc = ctx.Process(target=_worker_main, args=(child, self.build), name="grammar-check", daemon=True)
-        proc.start()
-        child.close()
-        self.proc, self.conn = proc, parent
-        try:
-            ready = parent.poll(START_TIMEOUT_S) and parent.recv() == "ready"
-        except (EOFError, OSError):  # it exited during start-up (e.g. xgrammar missing)
-            ready = False
-        if not ready:
-            self.kill()
-            raise RuntimeError("the grammar validation worker did not start")
-        return parent
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.join(timeout=5.0)
-        if self.conn is not None:
-            self.conn.close()
-        self.proc, self.conn = None, None
+    serve(conn, check)
 
 
 class GrammarChecker:
@@ -225,7 +160,7 @@ class GrammarChecker:
         self._verdicts: OrderedDict[GrammarSpec, str | None] = OrderedDict()
         self._cache_lock = threading.Lock()
         self._worker_lock = threading.Lock()
-        self._worker = _Worker(build)
+        self._worker = KillableWorker(_worker_main, build, "grammar-check", START_TIMEOUT_S)
 
     def validate(self, spec: GrammarSpec) -> None:
         """Raise `InvalidRequest` (param: the grammar's field) when `spec` is not a valid grammar.
@@ -245,7 +180,7 @@ class GrammarChecker:
         the first grammar request's latency."""
         with self._worker_lock:
             try:
-                self._worker._ensure_started()
+                self._worker.ensure_started()
             except (RuntimeError, OSError):
                 pass  # reported by the next check, which retries
 
@@ -261,7 +196,7 @@ class GrammarChecker:
                 return self._verdicts[spec]
         try:
             with self._worker_lock:
-                verdict = self._worker.ask(spec, self.timeout_s)
+                verdict = self._worker.ask((spec.kind, spec.source), self.timeout_s)
         except TimeoutError:
             verdict = f"{spec.param} took longer than {self.timeout_s:g} s to build; simplify it"
         except EOFError:

@@ -7,7 +7,12 @@ connect, so a sender may start before its receiver (ZMQ queues and reconnects).
     scheduler      PULL bind  "scheduler"    <- main process PUSH, launcher PUSH (ShutdownReq)
     detokenizer    PULL bind  "detokenizer"  <- scheduler PUSH
 
-High-water marks are 0 (unbounded, as SGLang), so `send` never waits for the receiver.
+High-water marks are finite (HWM messages queued per socket, on each side), so a receiver that
+falls behind makes its sender wait instead of growing memory without bound: `send` queues at
+once while there is room, else waits up to `send_timeout_ms` for the receiver to read, and then
+raises ConnectionError (the sender treats that as its peer being stuck). Nothing is ever dropped.
+The main process's sends to the scheduler stay far below the mark: admission control bounds the
+requests, and so the messages, in flight.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from runtime.codec import decode, encode
 _NAME = re.compile(r"[A-Za-z0-9_.-]+")
 _MAX_IPC_PATH = 107  # sockaddr_un.sun_path is 108 bytes on Linux, NUL included
 DEFAULT_LINGER_MS = 1000
+HWM = 10_000  # messages (one is a whole batch's output)
+SEND_TIMEOUT_MS = 60_000  # how long a sender waits for a receiver that is HWM messages behind
 
 
 class IpcDir:
@@ -79,10 +86,10 @@ def new_context() -> zmq.Context[Any]:
     return zmq.Context()
 
 
-def _socket(ctx: zmq.Context[Any], kind: int, endpoint: str, bind: bool, linger_ms: int) -> Any:
+def _socket(ctx: zmq.Context[Any], kind: int, endpoint: str, bind: bool, linger_ms: int, hwm: int = HWM) -> Any:
     sock = ctx.socket(kind)
-    sock.setsockopt(zmq.SNDHWM, 0)
-    sock.setsockopt(zmq.RCVHWM, 0)
+    sock.setsockopt(zmq.SNDHWM, hwm)
+    sock.setsockopt(zmq.RCVHWM, hwm)
     sock.setsockopt(zmq.LINGER, linger_ms)
     try:
         if bind:
@@ -104,20 +111,30 @@ class PushSocket:
     """
 
     def __init__(self, ctx: zmq.Context[Any], endpoint: str, bind: bool = False,
-                 linger_ms: int = DEFAULT_LINGER_MS) -> None:
+                 linger_ms: int = DEFAULT_LINGER_MS, hwm: int = HWM, send_timeout_ms: int = SEND_TIMEOUT_MS) -> None:
         self.endpoint = endpoint
-        self._sock = _socket(ctx, zmq.PUSH, endpoint, bind, linger_ms)
+        self.send_timeout_ms = send_timeout_ms
+        self._sock = _socket(ctx, zmq.PUSH, endpoint, bind, linger_ms, hwm)
 
     def send(self, msg: Any) -> None:
-        """Encode and queue `msg`; never blocks.
+        """Encode and queue `msg`: at once while the queue has room, else after waiting up to
+        `send_timeout_ms` for the receiver to read.
 
         Raises:
-            ConnectionError: no peer to queue for (only possible on a bound PUSH with no peer).
+            ConnectionError: the receiver stayed HWM messages behind for the whole wait (or, on a
+                bound PUSH, no peer is connected).
         """
+        data = encode(msg)
         try:
-            self._sock.send(encode(msg), zmq.NOBLOCK)
+            self._sock.send(data, zmq.NOBLOCK)
+            return
         except zmq.Again:
-            raise ConnectionError(f"no receiver connected to {self.endpoint}") from None
+            pass
+        if self._sock.poll(self.send_timeout_ms, zmq.POLLOUT):
+            self._sock.send(data, zmq.NOBLOCK)
+            return
+        raise ConnectionError(f"the receiver of {self.endpoint} is {HWM}+ messages behind and read "
+                              f"nothing for {self.send_timeout_ms / 1000:g} s")
 
     def close(self) -> None:
         self._sock.close()
@@ -126,9 +143,9 @@ class PushSocket:
 class PullSocket:
     """Receive messages from one endpoint (usually bound: the receiver binds)."""
 
-    def __init__(self, ctx: zmq.Context[Any], endpoint: str, bind: bool = True) -> None:
+    def __init__(self, ctx: zmq.Context[Any], endpoint: str, bind: bool = True, hwm: int = HWM) -> None:
         self.endpoint = endpoint
-        self._sock = _socket(ctx, zmq.PULL, endpoint, bind, 0)
+        self._sock = _socket(ctx, zmq.PULL, endpoint, bind, 0, hwm)
 
     def recv(self, timeout_ms: int | None = None) -> Any | None:
         """The next message; None if none arrives within `timeout_ms` (None waits forever)."""

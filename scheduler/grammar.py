@@ -3,44 +3,42 @@ cache, and one matcher per constrained request.
 
     backend = GrammarBackend(tokenizer, vocab_size, stop_token_ids=[eos])
     future = backend.submit(spec)                # at arrival; the request waits while not done
-    ...                                          # abort it if not done after COMPILE_TIMEOUT_S
-    state = backend.new_state(future.result())   # raises InvalidRequest for a bad grammar
+    state = backend.new_state(future.result())   # raises InvalidRequest for a bad grammar, and
+                                                 # CompileTimeout past COMPILE_TIMEOUT_S
     per step: state.fill_mask(bitmask, row) for each constrained row, then the model runner
               applies the mask (kernels/grammar_mask.py) and samples;
               after sampling: state.accept(token); finished when state.is_terminated()
 
-Threads: compilation runs on a small pool (default one thread, and xgrammar's compiler with one
-thread, so a compile competes with the model for at most one of the two cores). xgrammar releases
-the GIL while compiling (measured: a 1 ms ticker thread never stalls longer than with no compile
-running), so a compile does not stall the scheduler thread. Everything else
-(`submit`, `new_state`, `reset`, and every `GrammarState`) belongs to the scheduler thread.
+Compilation runs in a killable helper process (scheduler/grammar_compile.py): one compile at a
+time, each bounded by its own timeout from its start, so a pathological grammar costs only its
+own request and at most one core for COMPILE_TIMEOUT_S. A pool thread waits on the helper, so
+the scheduler thread never blocks. Everything else (`submit`, `new_state`, `reset`, `forget`,
+and every `GrammarState`) belongs to the scheduler thread.
 
 Cache: futures keyed by `GrammarSpec`, the same future for the same spec while it stays cached,
-failures included (a bad grammar fails every request that asks for it, without recompiling). The
-cache is an LRU bounded by entry count (`COMPILE_CACHE_ENTRIES`); xgrammar's own compiler cache
-is off, so there is exactly one. `reset()` (flush_cache) empties it; requests already holding a
-future keep it.
+failures included (a bad grammar fails every request that asks for it, without recompiling),
+except timeouts, which the grammar queue `forget`s. The cache is an LRU bounded by entry count
+(`COMPILE_CACHE_ENTRIES`); xgrammar's own compiler cache is off, so there is exactly one.
+`reset()` (flush_cache) empties it; requests already holding a future keep it.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from runtime.errors import InvalidRequest
-from runtime.grammar_check import GrammarSpec, clean_error
+from runtime.grammar_check import GrammarSpec
+from scheduler.grammar_compile import (
+    COMPILE_TIMEOUT_S, GrammarCompileWorker, JsonOptions, compile_spec,
+)
 
 if TYPE_CHECKING:
     from xgrammar import CompiledGrammar, GrammarMatcher
 
-# The scheduler aborts a request whose grammar is not compiled after this long. A 6-field JSON
-# schema compiles in ~50 ms on the 2-core CPU, a regex in < 1 ms, builtin JSON ~10 ms; validation
-# in the tokenizer process has already rejected grammars that take over
-# `runtime.grammar_check.CHECK_TIMEOUT_S` just to parse.
-COMPILE_TIMEOUT_S = 30.0
 COMPILE_CACHE_ENTRIES = 128
 _BITS = 32
 
@@ -101,19 +99,23 @@ class GrammarBackend:
         cache_entries: int = COMPILE_CACHE_ENTRIES,
         any_whitespace: bool = True,
         max_whitespace: int | None = None,
+        compile_timeout_s: float = COMPILE_TIMEOUT_S,
+        compile_fn: Callable[..., Any] = compile_spec,
     ) -> None:
         """
         Args:
             tokenizer: a Hugging Face tokenizer.
             vocab_size: the model's (padded) vocabulary: the logits' width and the bitmask's.
             stop_token_ids: the tokens that end a completed grammar (EOS).
-            max_workers: compile threads.
+            max_workers: threads waiting on the compile helper (it compiles one at a time).
             any_whitespace: JSON may have any whitespace between tokens (SGLang's default);
                 False: compact JSON only (--constrained-json-disable-any-whitespace).
             max_whitespace: at most this many whitespace characters in a row in JSON (stops a
                 small model emitting newlines until max_new_tokens); None: unbounded, as in
                 SGLang. A bound costs compile time and memory: 32 made the typical schema of
                 scripts/bench_grammar.py compile 2x slower and 9x bigger (4.6 MB vs 0.5 MB).
+            compile_timeout_s: one compile's limit, from its start in the helper.
+            compile_fn: the helper's compile (tests inject a slow one; module-level, picklable).
         """
         import xgrammar as xgr
 
@@ -124,7 +126,7 @@ class GrammarBackend:
         self.any_whitespace = any_whitespace
         self.max_whitespace = max_whitespace
         self.cache_entries = cache_entries
-        self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+        self._worker = GrammarCompileWorker(info, compile_timeout_s, compile_fn)
         self._executor = ThreadPoolExecutor(max_workers, thread_name_prefix="grammar")
         self._cache: OrderedDict[GrammarSpec, Future[CompiledGrammar]] = OrderedDict()
 
@@ -139,12 +141,9 @@ class GrammarBackend:
         self._store(spec, future)
         return future
 
-    def fail(self, spec: GrammarSpec, message: str) -> None:
-        """Cache `spec` as failed (e.g. after COMPILE_TIMEOUT_S), so later requests for it fail
-        at once instead of waiting for the same slow compile."""
-        future: Future[CompiledGrammar] = Future()
-        future.set_exception(InvalidRequest(message, param=spec.param))
-        self._store(spec, future)
+    def forget(self, spec: GrammarSpec) -> None:
+        """Drop `spec` from the cache (a compile that timed out is not a verdict on the spec)."""
+        self._cache.pop(spec, None)
 
     def new_state(
         self, compiled: CompiledGrammar, stop_token_ids: list[int] | None = None
@@ -161,8 +160,9 @@ class GrammarBackend:
         self._cache.clear()
 
     def shutdown(self) -> None:
-        """Stop the compile threads (pending compiles are cancelled)."""
+        """Stop the compile threads (pending compiles are cancelled) and the helper."""
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self._worker.close()
 
     def _store(self, spec: GrammarSpec, future: Future[CompiledGrammar]) -> None:
         self._cache[spec] = future
@@ -171,24 +171,5 @@ class GrammarBackend:
             self._cache.popitem(last=False)
 
     def _compile(self, spec: GrammarSpec) -> CompiledGrammar:
-        """Runs on a pool thread."""
-        try:
-            return self._compile_xgrammar(spec)
-        except Exception as e:  # noqa: BLE001  (any compile failure is the grammar's)
-            raise InvalidRequest(clean_error(e), param=spec.param) from e
-
-    def _compile_xgrammar(self, spec: GrammarSpec) -> CompiledGrammar:
-        compiler = self._compiler
-        if spec.kind == "json":
-            return compiler.compile_json_schema(
-                spec.source,
-                any_whitespace=self.any_whitespace,
-                max_whitespace_cnt=self.max_whitespace if self.any_whitespace else None,
-            )
-        if spec.kind == "json_object":
-            return compiler.compile_builtin_json_grammar()
-        if spec.kind == "regex":
-            return compiler.compile_regex(spec.source)
-        if spec.kind == "ebnf":
-            return compiler.compile_grammar(spec.source)
-        raise InvalidRequest(f"unknown grammar kind {spec.kind!r}", param=spec.param)
+        """Runs on a pool thread (the one thread that talks to the compile helper)."""
+        return self._worker.compile(spec, JsonOptions(self.any_whitespace, self.max_whitespace))

@@ -2,17 +2,18 @@
 
 A request with `json_schema`, `regex` or `ebnf` gets a compile future at arrival (cached by
 grammar, so n>1 children and repeated schemas compile once) and joins the waiting queue once it
-resolves. A failed compile finishes it with the error; one still compiling after
-`COMPILE_TIMEOUT_S` is finished with a timeout and its grammar is cached as failed. It can be
-aborted while it waits, like anywhere else.
+resolves. A failed compile finishes it with the error, naming its field (the client gets a 400);
+a compile that ran out of time (scheduler/grammar_compile.py bounds each one) fails only its
+requests and is forgotten by the cache, so the same spec compiles again if asked again. It can
+be aborted while it waits, like anywhere else, and its request deadline applies there too.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from runtime.errors import InvalidRequest
 from runtime.grammar_check import grammar_spec
 from scheduler.request import Req
 
@@ -26,47 +27,46 @@ class GrammarQueue:
     def __init__(self, make_backend: Callable[[], GrammarBackend] | None) -> None:
         self.make_backend = make_backend
         self.backend: GrammarBackend | None = None
-        self.pending: list[tuple[Req, float]] = []  # (request, deadline)
+        self.pending: list[Req] = []
 
     def submit(self, req: Req) -> bool:
         """Start the request's compile and keep it; False when it has no grammar."""
         spec = grammar_spec(req.sampling)
         if spec is None:
             return False
-        from scheduler.grammar import COMPILE_TIMEOUT_S
-
         req.grammar_future = self._backend().submit(spec)
-        self.pending.append((req, time.monotonic() + COMPILE_TIMEOUT_S))
+        self.pending.append(req)
         return True
 
-    def poll(self) -> tuple[list[Req], list[tuple[Req, str]]]:
+    def poll(self) -> tuple[list[Req], list[tuple[Req, InvalidRequest]]]:
         """(requests whose grammar is ready, (request, error) for failures), in arrival order."""
+        from scheduler.grammar_compile import CompileTimeout
+
         ready: list[Req] = []
-        failed: list[tuple[Req, str]] = []
-        still: list[tuple[Req, float]] = []
-        now = time.monotonic()
-        for req, deadline in self.pending:
+        failed: list[tuple[Req, InvalidRequest]] = []
+        still: list[Req] = []
+        for req in self.pending:
             future = req.grammar_future
-            if future.done():
-                try:
-                    req.grammar = self._backend().new_state(future.result())
-                    ready.append(req)
-                except Exception as exc:  # noqa: BLE001 - a bad grammar fails only its request
-                    failed.append((req, f"invalid grammar: {exc}"))
-            elif now > deadline:
-                spec = grammar_spec(req.sampling)
-                message = "grammar compilation timed out"
-                if spec is not None:
-                    self._backend().fail(spec, message)
-                failed.append((req, message))
-            else:
-                still.append((req, deadline))
+            if not future.done():
+                still.append(req)
+                continue
+            try:
+                req.grammar = self._backend().new_state(future.result())
+                ready.append(req)
+            except InvalidRequest as exc:  # a bad grammar fails only its request
+                if isinstance(exc, CompileTimeout):
+                    spec = grammar_spec(req.sampling)
+                    if spec is not None:
+                        self._backend().forget(spec)
+                    failed.append((req, exc))
+                else:
+                    failed.append((req, InvalidRequest(f"invalid grammar: {exc.message}", param=exc.param)))
         self.pending = still
         return ready, failed
 
     def remove_matching(self, matches: Callable[[str], bool]) -> list[Req]:
-        removed = [req for req, _ in self.pending if matches(req.rid)]
-        self.pending = [(r, d) for r, d in self.pending if not matches(r.rid)]
+        removed = [req for req in self.pending if matches(req.rid)]
+        self.pending = [r for r in self.pending if not matches(r.rid)]
         return removed
 
     def reset(self) -> None:

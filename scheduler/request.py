@@ -113,8 +113,13 @@ class Req:
             self.finish_reason = reason
         self.state = ReqState.FINISHED
 
-    def abort(self, message: str) -> None:
-        self.finish({"type": "abort", "message": message})
+    def abort(self, message: str, param: str | None = None) -> None:
+        """Finish with finish_reason abort; `param`: a bad field of the request (the main process
+        answers 400 naming it instead of a result)."""
+        reason: dict[str, Any] = {"type": "abort", "message": message}
+        if param is not None:
+            reason["param"] = param
+        self.finish(reason)
 
 
 def _logprob_start(msg: GenerateReq) -> int:

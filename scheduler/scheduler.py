@@ -141,8 +141,8 @@ class Scheduler:
         """Move requests whose grammar compiled to the waiting queue; reject failed ones."""
         ready, failed = self.grammars.poll()
         self.waiting.extend(ready)
-        for req, message in failed:
-            self.reject(req, message)
+        for req, error in failed:
+            self.reject(req, error.message, error.param)
         if self.grammars.pending and not self.waiting and not self.running and self.chunked is None:
             time.sleep(0.002)  # only compiles are pending: do not spin on the socket
 
@@ -192,8 +192,9 @@ class Scheduler:
     def handle_shutdown(self, msg: ShutdownReq) -> None:
         self.stopped = True
 
-    def reject(self, req: Req, message: str) -> None:
-        req.abort(message)
+    def reject(self, req: Req, message: str, param: str | None = None) -> None:
+        """Refuse a request before it ran; with `param`, the client gets a 400 naming it."""
+        req.abort(message, param)
         self.finished_out.append(req)
 
     def finish_now(self, req: Req, message: str) -> None:

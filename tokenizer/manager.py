@@ -287,6 +287,9 @@ class TokenizerManager:
                 state = states[i]
                 if state.error is not None:
                     raise RuntimeCrashed(state.error)
+                reason = state.finish_reason or {}
+                if reason.get("param"):  # refused by the scheduler for a bad field (a grammar)
+                    raise InvalidRequest(reason.get("message") or "invalid request", param=reason["param"])
                 if state.finished:
                     remaining -= 1
                 if state.finished or stream:

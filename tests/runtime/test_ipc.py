@@ -84,14 +84,38 @@ def test_sender_may_start_before_receiver(ctx):
             pull.close()
 
 
-def test_bound_push_without_peer_raises_instead_of_blocking(ctx):
+def test_bound_push_without_peer_raises_after_its_wait(ctx):
     with IpcDir() as d:
-        push = PushSocket(ctx, d.endpoint("nobody"), bind=True, linger_ms=0)
+        push = PushSocket(ctx, d.endpoint("nobody"), bind=True, linger_ms=0, send_timeout_ms=100)
         try:
-            with pytest.raises(ConnectionError, match="no receiver"):
+            with pytest.raises(ConnectionError, match="read nothing for 0.1 s"):
                 push.send(ShutdownReq())
         finally:
             push.close()
+
+
+def test_a_receiver_that_falls_behind_makes_the_sender_wait_then_fail_and_nothing_is_lost(ctx):
+    """Finite high-water marks: a receiver that does not read fills both queues; the sender then
+    waits (here 200 ms) and raises; every message it did queue arrives, in order."""
+    with IpcDir() as d:
+        pull = PullSocket(ctx, d.endpoint("slow"), bind=True, hwm=4)
+        push = PushSocket(ctx, d.endpoint("slow"), hwm=4, send_timeout_ms=200)
+        try:
+            sent = []
+            with pytest.raises(ConnectionError, match="messages behind"):
+                for i in range(100_000):  # bounded: the queues (and OS buffers) fill long before
+                    push.send(FlushCacheReq(i))
+                    sent.append(FlushCacheReq(i))
+            assert len(sent) < 100_000
+            got = []
+            while len(got) < len(sent):
+                got += pull.drain() or [pull.recv(timeout_ms=5000)]
+            assert got == sent
+            push.send(FlushCacheReq(-1))  # room again
+            assert pull.recv(timeout_ms=5000) == FlushCacheReq(-1)
+        finally:
+            push.close()
+            pull.close()
 
 
 def _echo_child(ipc_path: str) -> None:

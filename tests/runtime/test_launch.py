@@ -145,14 +145,15 @@ def test_watchdog_ends_a_hung_forward(config: ServerConfig, private_tmp: str) ->
     assert scheduler.exitcode == WATCHDOG_EXIT_CODE
 
 
-def test_killed_scheduler_fails_requests(config: ServerConfig, private_tmp: str) -> None:
+@pytest.mark.parametrize("child", ["scheduler", "detokenizer"])
+def test_a_killed_child_fails_requests(config: ServerConfig, private_tmp: str, child: str) -> None:
     engine = Engine.from_config(config, scheduler_target=run_fake_scheduler)
     worker, box = _pending_generate(engine)
-    os.kill(engine._runtime.processes["scheduler"].pid, signal.SIGKILL)
+    os.kill(engine._runtime.processes[child].pid, signal.SIGKILL)
     worker.join(WAIT_S)
     error = box.get("error")
     assert isinstance(error, RuntimeCrashed)
-    assert "scheduler process exited with code -9" in str(error)
+    assert f"{child} process exited with code -9" in str(error)
     _assert_dead_and_clean(engine, private_tmp)
 
 

@@ -20,3 +20,13 @@ def slow_build(spec: GrammarSpec) -> Any:
     if SLOW_MARKER in spec.source:
         time.sleep(DELAY_S)
     return build_grammar(spec)
+
+
+def slow_compile(compiler: Any, spec: GrammarSpec, json_options: Any) -> Any:
+    """`scheduler.grammar_compile.compile_spec`, but a SLOW_MARKER spec never finishes in time
+    (it runs in the scheduler's compile helper process)."""
+    from scheduler.grammar_compile import compile_spec
+
+    if SLOW_MARKER in spec.source:
+        time.sleep(DELAY_S)
+    return compile_spec(compiler, spec, json_options)

@@ -43,6 +43,8 @@ def test_overdue_requests_end_with_abort_in_every_state(tiny_model: str, overlap
     submit(io, "wait", [7] * 5, max_new_tokens=400, deadline=1010.0)
     submit(io, "late", [7] * 5, max_new_tokens=3, deadline=5000.0)  # finishes normally
     submit(io, "past", [6] * 5, max_new_tokens=3, deadline=999.0)  # expired on arrival
+    # Its first compile starts the compile helper (seconds): still in the grammar queue at expiry.
+    submit(io, "gram", [6] * 5, max_new_tokens=400, deadline=1010.0, regex="[0-9]{1,400}")
     if overlap:
         with ThreadPoolExecutor(1) as worker:
             pending = None
@@ -58,10 +60,10 @@ def test_overdue_requests_end_with_abort_in_every_state(tiny_model: str, overlap
             sched.step()
         now[0] = 1010.0
         results = run_until_idle(sched, io)  # also checks that nothing leaked
-    for rid in ("run", "chunk", "wait", "past"):
+    for rid in ("run", "chunk", "wait", "past", "gram"):
         finish = results[rid]["finish"]
         assert finish["type"] == "abort" and "deadline" in finish["message"], (rid, finish)
         assert results[rid]["finishes"] == 1
     assert results["run"]["ids"]  # it ran before its deadline
     assert results["late"]["finish"]["type"] == "length" and len(results["late"]["ids"]) == 3
-    assert sched.state()["deadline_expired"] == 4 and sched.state()["integrity"] == "ok"
+    assert sched.state()["deadline_expired"] == 5 and sched.state()["integrity"] == "ok"

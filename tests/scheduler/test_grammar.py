@@ -9,6 +9,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,8 +28,12 @@ from runtime.grammar_check import (
     validate_grammar_async,
 )
 from runtime.sampling import SamplingParams
+from runtime.messages import GenerateReq
 from scheduler.grammar import GrammarBackend, GrammarState, allocate_bitmask
-from tests.scheduler.slow_grammar import SLOW_MARKER, slow_build
+from scheduler.grammar_compile import CompileTimeout
+from scheduler.grammar_queue import GrammarQueue
+from scheduler.request import Req
+from tests.scheduler.slow_grammar import SLOW_MARKER, slow_build, slow_compile
 
 VOCAB = 49152
 EOS = 2
@@ -217,11 +222,31 @@ def test_failing_spec_future_raises_and_is_cached(backend: GrammarBackend) -> No
     assert backend.submit(spec) is future
 
 
-def test_fail_marks_a_spec_failed(backend: GrammarBackend) -> None:
-    spec = GrammarSpec("regex", "slow|grammar")
-    backend.fail(spec, "grammar compilation timed out")
-    with pytest.raises(InvalidRequest, match="timed out"):
-        backend.submit(spec).result(timeout=0)
+def test_a_compile_past_its_timeout_fails_only_its_request_and_is_not_cached(tokenizer: Any) -> None:
+    """The compile helper is killed when a compile runs late: that spec's future raises a
+    CompileTimeout naming the field, the queue forgets it (asked again, it compiles again), and
+    the next spec compiles in a fresh helper."""
+    backend = GrammarBackend(tokenizer, VOCAB, stop_token_ids=[EOS], compile_timeout_s=1.0, compile_fn=slow_compile)
+    queue = GrammarQueue(lambda: backend)
+    try:
+        slow = Req.from_message(GenerateReq("slow", [1], SamplingParams(regex=f"{SLOW_MARKER}|x")), frozenset())
+        fast = Req.from_message(GenerateReq("fast", [1], SamplingParams(regex="[ab]{2}")), frozenset())
+        assert queue.submit(slow) and queue.submit(fast)  # fast queues behind slow in the helper
+        deadline = time.monotonic() + 120
+        ready, failed = [], []
+        while len(ready) + len(failed) < 2 and time.monotonic() < deadline:
+            got = queue.poll()
+            ready += got[0]
+            failed += got[1]
+            time.sleep(0.05)
+        assert [r.rid for r in ready] == ["fast"]  # its own countdown started when it did
+        (req, error), = failed
+        assert req.rid == "slow" and isinstance(error, CompileTimeout) and error.param == "regex"
+        assert "took longer than 1 s to compile" in error.message
+        again = backend.submit(GrammarSpec("regex", f"{SLOW_MARKER}|x"))
+        assert again is not slow.grammar_future  # forgotten, not cached as failed
+    finally:
+        backend.shutdown()
 
 
 def test_cache_is_lru_bounded(backend: GrammarBackend, monkeypatch: pytest.MonkeyPatch) -> None:

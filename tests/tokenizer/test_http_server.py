@@ -195,6 +195,22 @@ def test_metrics(server: RunningServer) -> None:
     assert 'model_name="smol"' in text
 
 
+def test_http_abort_all_ends_every_request(server: RunningServer) -> None:
+    results: list[dict] = []
+    body = {"sampling_params": {"max_new_tokens": 1500, "ignore_eos": True}}
+    workers = [threading.Thread(target=lambda i=i: results.append(
+        post(server, "/generate", {"text": f"Count {i}:", **body}).json())) for i in range(3)]
+    for w in workers:
+        w.start()
+    wait_until(lambda: server_state(server)["running"] == 3, "three requests to run")
+    assert post(server, "/abort_request", {"abort_all": True}).json() == {"success": True, "abort_all": True}
+    for w in workers:
+        w.join(60)
+    assert [r["meta_info"]["finish_reason"]["type"] for r in results] == ["abort"] * 3
+    state = server_state(server)
+    assert state["running"] == 0 and state["integrity"] == "ok"
+
+
 def test_a_request_past_its_timeout_ends_with_abort(server: RunningServer) -> None:
     """A top-level `timeout` (native, and OpenAI's body through extra_body) bounds a request
     server-side: it ends with finish_reason abort saying its deadline passed, nothing leaks."""
