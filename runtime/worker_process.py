@@ -31,10 +31,12 @@ def serve(conn: Connection, handle: Callable[[Any], Any]) -> None:
 
     The parent owns shutdown: it closes the pipe (EOF ends the loop), dies (the parent watch
     exits us), or terminates us at exit (multiprocessing SIGTERMs daemon children then joins
-    them, so SIGTERM keeps its default action). Ctrl-C is the parent's.
+    them, so SIGTERM must have its default action: set here, because a parent that ignores it,
+    as our scheduler does, passes SIG_IGN on through exec). Ctrl-C is the parent's.
     """
     from runtime.procutil import watch_parent
 
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     watch_parent()
     conn.send(READY)

@@ -1,0 +1,45 @@
+"""The killable helper process: answers, a late answer kills it, a crash is reported, and it
+stops when its parent's multiprocessing terminates it even under a parent that ignores SIGTERM."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from runtime.worker_process import KillableWorker
+from tests.runtime.worker_mains import echo_or_sleep
+
+
+def test_answers_then_a_late_answer_kills_it_and_the_next_request_gets_a_fresh_one() -> None:
+    worker = KillableWorker(echo_or_sleep, "setup", "test-helper")
+    try:
+        assert worker.ask("hi", timeout_s=60) == ("setup", "hi")
+        first = worker.proc
+        with pytest.raises(TimeoutError):
+            worker.ask("sleep", timeout_s=0.5)
+        assert worker.proc is None and first is not None and not first.is_alive()
+        assert worker.ask("again", timeout_s=60) == ("setup", "again")
+        with pytest.raises(EOFError):
+            worker.ask("crash", timeout_s=60)
+        assert worker.ask("after", timeout_s=60) == ("setup", "after")
+    finally:
+        worker.kill()
+
+
+def test_terminate_stops_it_although_the_parent_ignores_sigterm() -> None:
+    """Our scheduler ignores SIGTERM, and SIG_IGN passes through exec to a spawned helper; the
+    helper must restore the default, or multiprocessing's exit handler (terminate, then join)
+    hangs the scheduler's exit (it was killed after 10 s, once per server stop)."""
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    worker = KillableWorker(echo_or_sleep, None, "test-helper")
+    try:
+        worker.ensure_started()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    proc = worker.proc
+    assert proc is not None
+    proc.terminate()
+    proc.join(timeout=10)
+    assert proc.exitcode == -signal.SIGTERM
+    worker.kill()
