@@ -205,6 +205,18 @@ def test_logit_bias_adds():
     assert greedy.next_ids.tolist() == [3]
 
 
+def test_logit_bias_is_read_once_per_request_not_per_step(monkeypatch):
+    calls = []
+    real = SP.logit_bias_ids
+    monkeypatch.setattr(SP, "logit_bias_ids", lambda self: calls.append(1) or real(self))
+    biased = SP(temperature=0, logit_bias={i: -1.0 for i in range(5)})  # the same object each step
+    for step in range(10):
+        rows = [SP(), biased] if step % 2 else [biased]  # its row moves between steps
+        _, got = run(rows, torch.zeros(len(rows), 6))
+        assert torch.equal(got[-1], torch.tensor([-1.0] * 5 + [0.0]))
+    assert len(calls) == 1
+
+
 def test_min_new_tokens_blocks_stop_ids_until_reached():
     logits = torch.tensor([[0.0, 0.0, 10.0, 9.0, 0.0]] * 3)
     params = [SP(temperature=0, min_new_tokens=2)] * 3
