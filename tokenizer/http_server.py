@@ -9,7 +9,7 @@ OpenAI:           GET /v1/models, POST /v1/completions, POST /v1/chat/completion
 Every generating route goes through `streaming.run_generation` (validation, SSE, abort on
 disconnect); every error is an OpenAI error object (`errors.error_middleware`); with --api-key,
 `errors.auth_middleware` guards every route but /health. Logic lives in native_api.py,
-openai_protocol.py and openai_api.py; the process lifecycle in lifecycle.py.
+openai/protocol.py and openai/api.py; the process lifecycle in lifecycle.py.
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ from aiohttp import web
 
 from runtime.config import ServerConfig
 from runtime.errors import InvalidRequest
-from tokenizer import native_api, openai_api, openai_protocol
+from tokenizer import native_api
+from tokenizer.openai import api as openai_api
+from tokenizer.openai import protocol as openai_protocol
 from tokenizer.errors import HTTPError, Handler, auth_middleware, error_middleware, error_response
 from tokenizer.metrics import CONTENT_TYPE
 from tokenizer.server_state import Phase, ServerState

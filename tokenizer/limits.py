@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from runtime.errors import InvalidRequest
 from runtime.grammar_check import grammar_spec, validate_grammar_async
 from runtime.sampling import SamplingParams
-from tokenizer.io import SingleRequest
+from tokenizer.generate_body import SingleRequest
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,6 @@ import itertools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from runtime.codec import TypeDispatcher
@@ -34,15 +33,14 @@ from runtime.messages import (
     SchedulerCrashed, StateOut,
 )
 from runtime.sampling import SamplingParams
-from tokenizer.io import (
-    Group, ReqState, SingleRequest, apply_output, build_output, normalize_generate,
-)
+from tokenizer.generate_body import SingleRequest, normalize_generate
+from tokenizer.request_state import Group, ReqState, apply_output, build_output
+from tokenizer.admission import PromptEncoder, check_admission
 from tokenizer.limits import RequestLimits, check_grammar, check_request
 
 logger = logging.getLogger("radixserve.tokenizer")
 
 CONTROL_TIMEOUT_S = 30.0
-OFFLOAD_TOKENIZE_CHARS = 4096  # prompt text from which encoding leaves the event loop
 WARMUP_SUFFIX = "_warmup"  # NOTE: "_"-separated, so aborting the parent rid aborts it too
 SEED_LIMIT = 1 << 63  # SamplingParams.seed is in [0, 2**63)
 GenerateOutput = dict[str, Any] | list[dict[str, Any]]
@@ -86,7 +84,7 @@ class TokenizerManager:
         self.max_live = (scheduler_info.get("max_running_requests") or 0) + config.max_queued_requests
         self.on_reject: Callable[[str], None] | None = None
         """Called (on the loop) with the reason of each request refused for overload."""
-        self._tokenize_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
+        self._encoder = PromptEncoder(self.tokenizer)
         self.dead_reason: str | None = None
         self.on_dead: Callable[[str], None] | None = None
         """Called once (on the loop) when the runtime fails, e.g. to shut the tree down."""
@@ -121,7 +119,7 @@ class TokenizerManager:
         self._to_scheduler.close()
         self._inbox.close()
         self._ctx.term()
-        self._tokenize_pool.shutdown(wait=False, cancel_futures=True)
+        self._encoder.close()
 
     # ------------------------------------------------------------ generation
 
@@ -144,7 +142,7 @@ class TokenizerManager:
             raise InvalidRequest(f"{len(normalized.requests)} prompts in one request; at most "
                                  f"{self.config.max_prompts_per_request} (--max-prompts-per-request)", param=field)
         self._admit(len(normalized.requests), normalized.requests[0].prompt_field)  # before tokenizing
-        ids = await self._encode(normalized.requests)
+        ids = await self._encoder.encode(normalized.requests)
         prepared = [self._prepare(single, single_ids) for single, single_ids in zip(normalized.requests, ids)]
         self._admit(sum(len(self._rids_of(p)) for p in prepared), "n")
         for p in prepared:
@@ -158,28 +156,12 @@ class TokenizerManager:
         return self._run(prepared, fan_out, normalized.requests[0].stream)
 
     def _admit(self, count: int, field: str) -> None:
-        """Refuse `count` more requests when the server already holds its limit of them (a 400
-        naming `field` when they could never all be held at once)."""
-        if count > self.max_live:
-            raise InvalidRequest(f"this request needs {count} request slots and the server holds at most "
-                                 f"{self.max_live} (--max-running-requests + --max-queued-requests)", param=field)
-        if len(self.rid_to_state) + count > self.max_live:
+        try:
+            check_admission(len(self.rid_to_state), count, self.max_live, field)
+        except Overloaded:
             if self.on_reject is not None:
                 self.on_reject("queue_full")
-            raise Overloaded(f"The server is at capacity ({len(self.rid_to_state)} requests in flight, at most "
-                             f"{self.max_live}); retry later.")
-
-    async def _encode(self, requests: list[SingleRequest]) -> list[list[int]]:
-        """Each request's prompt ids. Long texts are encoded on a worker thread, so the event loop
-        keeps serving every other stream meanwhile (an 8 MiB body took it for seconds)."""
-        texts = [r.text for r in requests if r.input_ids is None]
-        if sum(len(t or "") for t in texts) < OFFLOAD_TOKENIZE_CHARS:
-            encoded = [self.tokenizer.encode(t) for t in texts]
-        else:
-            loop = asyncio.get_running_loop()
-            encoded = await loop.run_in_executor(self._tokenize_pool, lambda: [self.tokenizer.encode(t) for t in texts])
-        it = iter(encoded)
-        return [list(r.input_ids) if r.input_ids is not None else next(it) for r in requests]
+            raise
 
     def _prepare(self, single: SingleRequest, ids: list[int]) -> _Prepared:
         params = SamplingParams.from_dict(single.sampling_params)

@@ -28,7 +28,7 @@ from prometheus_client import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 if TYPE_CHECKING:
-    from tokenizer.io import ReqState
+    from tokenizer.request_state import ReqState
 
 logger = logging.getLogger("radixserve.metrics")
 

@@ -7,17 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import types
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
 import requests
 
+from runtime.errors import InvalidRequest, Overloaded
 from tests.tokenizer.http_helpers import RunningServer, post, server_state, wait_until
-from tokenizer.io import SingleRequest
-from tokenizer.manager import OFFLOAD_TOKENIZE_CHARS, TokenizerManager
+from tokenizer.admission import OFFLOAD_TOKENIZE_CHARS, PromptEncoder, check_admission
+from tokenizer.generate_body import SingleRequest
 
 LONG = {"sampling_params": {"max_new_tokens": 400, "ignore_eos": True}}
 
@@ -81,9 +80,21 @@ def test_long_prompts_are_encoded_off_the_event_loop() -> None:
             threads.append(threading.current_thread().name)
             return [len(text)]
 
-    fake = types.SimpleNamespace(tokenizer=Recording(), _tokenize_pool=ThreadPoolExecutor(1, thread_name_prefix="tokenize"))
-    short = [SingleRequest("a", text="hi"), SingleRequest("b", input_ids=[5, 6])]
-    long = [SingleRequest("c", text="x" * OFFLOAD_TOKENIZE_CHARS)]
-    assert asyncio.run(TokenizerManager._encode(fake, short)) == [[2], [5, 6]]  # type: ignore[arg-type]
-    assert asyncio.run(TokenizerManager._encode(fake, long)) == [[OFFLOAD_TOKENIZE_CHARS]]  # type: ignore[arg-type]
+    encoder = PromptEncoder(Recording())
+    try:
+        short = [SingleRequest("a", text="hi"), SingleRequest("b", input_ids=[5, 6])]
+        long = [SingleRequest("c", text="x" * OFFLOAD_TOKENIZE_CHARS)]
+        assert asyncio.run(encoder.encode(short)) == [[2], [5, 6]]
+        assert asyncio.run(encoder.encode(long)) == [[OFFLOAD_TOKENIZE_CHARS]]
+    finally:
+        encoder.close()
     assert threads[0] == "MainThread" and threads[1].startswith("tokenize")
+
+
+def test_admission_rule() -> None:
+    check_admission(held=3, count=2, max_held=5, field="text")
+    with pytest.raises(Overloaded, match="at capacity"):
+        check_admission(held=4, count=2, max_held=5, field="text")
+    with pytest.raises(InvalidRequest) as err:
+        check_admission(held=0, count=6, max_held=5, field="n")
+    assert err.value.param == "n"

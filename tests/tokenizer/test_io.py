@@ -1,4 +1,5 @@
-"""Tests for tokenizer/io.py: /generate body normalization, logprob shapes, per-request state."""
+"""Tests for tokenizer/generate_body.py (/generate body normalization) and
+tokenizer/request_state.py (logprob shapes, per-request state)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,8 @@ import pytest
 from runtime.errors import InvalidRequest
 from runtime.messages import BatchStrOut, GenerateReq
 from runtime.sampling import SamplingParams
-from tokenizer.io import (
-    Group, ReqState, apply_output, build_output, normalize_generate, token_logprobs, top_logprobs,
-)
+from tokenizer.generate_body import normalize_generate
+from tokenizer.request_state import Group, ReqState, apply_output, build_output, token_logprobs, top_logprobs
 
 
 def test_single_text_defaults() -> None:

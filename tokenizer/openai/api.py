@@ -1,5 +1,5 @@
 """OpenAI responses: completions and chat bodies, their stream chunks, logprobs and usage, built
-from the TokenizerManager's SGLang-shaped outputs (request validation: `openai_protocol.py`).
+from the TokenizerManager's SGLang-shaped outputs (request validation: `protocol.py`).
 
 The manager's streamed outputs carry cumulative `text` (and cumulative logprob lists); a renderer
 remembers, per choice index, how much it already sent and emits only the new part, so the joined
@@ -14,8 +14,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from runtime.errors import InvalidRequest
-from tokenizer.openai_protocol import OpenAIPlan, translate
-from tokenizer.tool_calls import (
+from tokenizer.openai.protocol import OpenAIPlan, translate
+from tokenizer.openai.tool_calls import (
     ToolCall, ToolCallStream, adapt_to_template, parse_tool_calls, tool_call_deltas,
 )
 

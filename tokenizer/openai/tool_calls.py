@@ -1,5 +1,5 @@
 """OpenAI tool calls on top of plain text generation: prompts and parsing (pure: no tokenizer,
-no I/O). Request validation and forced-call schemas live in `openai_constraints.py`.
+no I/O). Request validation and forced-call schemas live in `constraints.py`.
 
 Prompt side: `adapt_to_template` passes `tools` and tool messages to a template whose source
 uses them; for one that knows nothing about tools (SmolLM2's ChatML) `with_tool_prompt` adds a

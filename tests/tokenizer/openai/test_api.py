@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from runtime.errors import InvalidRequest
-from tokenizer.openai_api import ChatRenderer, CompletionRenderer, models_list, usage
-from tokenizer.openai_protocol import plan_chat, plan_completion, translate
+from tokenizer.openai.api import ChatRenderer, CompletionRenderer, models_list, usage
+from tokenizer.openai.protocol import plan_chat, plan_completion, translate
 
 CAP = 5
 

@@ -7,7 +7,7 @@ back to the OpenAI names by `translate`. Choices where OpenAI or SGLang leave ro
   - Unknown fields are rejected with a 400 naming them (as OpenAI does), except a few harmless
     OpenAI fields that are accepted and ignored (`IGNORED`).
   - Grammar constraints go into `sampling_params`: the extras `regex`, `json_schema`, `ebnf` as
-    given, and chat's `response_format` and forced tool calls as `openai_constraints.py` maps
+    given, and chat's `response_format` and forced tool calls as `constraints.py` maps
     them. The manager compiles and checks them (one per request at most).
   - Chat `max_tokens` defaults to the rest of the context (OpenAI, vLLM); completions to 16.
   - A chat prompt is the chat template's text tokenized without adding special tokens (the
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.errors import InvalidRequest
-from tokenizer.openai_constraints import (
+from tokenizer.openai.constraints import (
     GRAMMAR_FIELDS, ToolPlan, chat_constraints, check_history_calls,
 )
 

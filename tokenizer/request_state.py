@@ -1,0 +1,189 @@
+"""The main process's record of one request (`ReqState`), folded from the detokenizer's
+`BatchStrOut` entries into SGLang's result dict (`build_output`), the wake-up `Group` of one
+generate call, and the logprob shapes of responses: the wire's (runtime/messages.py) turned into
+SGLang's `[[logprob, token_id, text_or_None], ...]` lists. No sockets: the TokenizerManager
+owns those.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from runtime.messages import BatchStrOut, GenerateReq
+
+TopLogprobsWire = Sequence[Sequence[Any]]  # [[token ids...], [logprobs...]]
+LogprobEntry = list[Any]  # [logprob | None, token_id, text | None]
+
+
+# ---------------------------------------------------------------- response shapes
+
+
+def token_logprobs(
+    logprobs: Sequence[float | None], ids: Sequence[int], texts: Sequence[str | None]
+) -> list[LogprobEntry]:
+    """`[[logprob, id, text_or_None], ...]`, one entry per position."""
+    return [[lp, tid, text] for lp, tid, text in zip(logprobs, ids, texts)]
+
+
+def top_logprobs(
+    tops: Sequence[TopLogprobsWire | None], decode: Callable[[list[int]], list[str | None]]
+) -> list[list[LogprobEntry] | None]:
+    """Per position, the top-k as `[[logprob, id, text_or_None], ...]` (None where absent).
+
+    `decode(ids)` returns one text (or None) per id; it is called once for the whole list.
+    """
+    flat_ids = [int(t) for top in tops if top is not None for t in top[0]]
+    texts = iter(decode(flat_ids))
+    out: list[list[LogprobEntry] | None] = []
+    for top in tops:
+        if top is None:
+            out.append(None)
+            continue
+        ids, lps = top[0], top[1]
+        out.append([[lp, tid, next(texts)] for tid, lp in zip(ids, lps)])
+    return out
+
+
+# ---------------------------------------------------------------- per-request state
+
+
+class Group:
+    """The states of one generate call: one wake-up event and the indices that have news.
+
+    News for several requests (or several updates of one) between two wake-ups collapse into
+    one `take()`, so a slow consumer sees the latest cumulative output, never a backlog.
+    """
+
+    def __init__(self) -> None:
+        self.size = 0
+        self._event = asyncio.Event()
+        self._dirty: dict[int, None] = {}  # an ordered set
+
+    def add(self) -> int:
+        self.size += 1
+        return self.size - 1
+
+    def mark(self, index: int) -> None:
+        self._dirty[index] = None
+        self._event.set()
+
+    async def take(self) -> list[int]:
+        """Wait for news; return the indices that have some (maybe none: a spurious wake)."""
+        await self._event.wait()
+        self._event.clear()
+        news, self._dirty = list(self._dirty), {}
+        return news
+
+
+@dataclass(slots=True, eq=False)
+class ReqState:
+    """What the main process knows of one request sent to the scheduler (SGLang's ReqState)."""
+
+    req: GenerateReq
+    group: Group
+    index: int
+    return_text_in_logprobs: bool
+    created: float = field(default_factory=time.perf_counter)
+    text: str = ""
+    output_ids: list[int] = field(default_factory=list)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    finish_reason: dict[str, Any] | None = None
+    finished: bool = False
+    finished_time: float | None = None
+    first_token_time: float | None = None
+    sent: bool = False
+    error: str | None = None  # set by fail_all: the consumer raises RuntimeCrashed(error)
+    input_token_logprobs: list[LogprobEntry] = field(default_factory=list)
+    output_token_logprobs: list[LogprobEntry] = field(default_factory=list)
+    input_top_logprobs: list[list[LogprobEntry] | None] | None = None
+    output_top_logprobs: list[list[LogprobEntry] | None] | None = None
+
+    @classmethod
+    def for_request(cls, req: GenerateReq, group: Group, text_in_logprobs: bool) -> ReqState:
+        state = cls(req, group, group.add(), text_in_logprobs, prompt_tokens=len(req.input_ids))
+        if req.return_logprob and req.top_logprobs_num > 0:
+            state.input_top_logprobs, state.output_top_logprobs = [], []
+        return state
+
+    @property
+    def rid(self) -> str:
+        return self.req.rid
+
+    @property
+    def stream(self) -> bool:
+        return self.req.stream
+
+    def finish(self, reason: dict[str, Any], now: float) -> None:
+        self.finished, self.finish_reason, self.finished_time = True, reason, now
+
+
+TokenTexts = Callable[[list[int]], list[str | None]]
+
+
+def apply_output(state: ReqState, out: BatchStrOut, i: int, now: float, texts: TokenTexts) -> None:
+    """Fold entry `i` of a BatchStrOut into the state (text and ids accumulate)."""
+    new_ids = out.output_ids[i]
+    state.text += out.texts[i]
+    state.output_ids.extend(new_ids)
+    if new_ids and state.first_token_time is None:
+        state.first_token_time = now
+    state.prompt_tokens = out.prompt_tokens[i]
+    state.completion_tokens = out.completion_tokens[i]
+    state.cached_tokens = out.cached_tokens[i]
+    if state.req.return_logprob:
+        _apply_logprobs(state, out, i, texts if state.return_text_in_logprobs else _no_texts)
+    reason = out.finished_reasons[i]
+    if reason is not None:
+        state.finish(reason, now)
+
+
+def _apply_logprobs(state: ReqState, out: BatchStrOut, i: int, texts: TokenTexts) -> None:
+    input_lps, output_lps = out.input_logprobs[i], out.output_logprobs[i]
+    if input_lps is not None:
+        ids = out.input_ids_for_logprobs[i] or []
+        state.input_token_logprobs = token_logprobs(input_lps, ids, texts(ids))
+        in_tops = out.input_top_logprobs[i]
+        if in_tops is not None and state.input_top_logprobs is not None:
+            state.input_top_logprobs = top_logprobs(in_tops, texts)
+    if output_lps is not None:
+        ids = out.output_ids[i]
+        state.output_token_logprobs.extend(token_logprobs(output_lps, ids, texts(ids)))
+    out_tops = out.output_top_logprobs[i]
+    if out_tops is not None and state.output_top_logprobs is not None:
+        state.output_top_logprobs.extend(top_logprobs(out_tops, texts))
+
+
+def _no_texts(ids: list[int]) -> list[str | None]:
+    return [None] * len(ids)
+
+
+def build_output(state: ReqState) -> dict[str, Any]:
+    """SGLang's /generate result: cumulative `text` and `output_ids`, and `meta_info`.
+
+    Lists are copied: the state keeps growing while the consumer holds the dict.
+    """
+    end = state.finished_time if state.finished_time is not None else time.perf_counter()
+    meta: dict[str, Any] = {
+        "id": state.rid,
+        "finish_reason": state.finish_reason,
+        "prompt_tokens": state.prompt_tokens,
+        "completion_tokens": state.completion_tokens,
+        "cached_tokens": state.cached_tokens,
+        "e2e_latency": end - state.created,
+    }
+    if state.req.return_logprob:
+        meta["input_token_logprobs"] = list(state.input_token_logprobs)
+        meta["output_token_logprobs"] = list(state.output_token_logprobs)
+        meta["input_top_logprobs"] = _copy(state.input_top_logprobs)
+        meta["output_top_logprobs"] = _copy(state.output_top_logprobs)
+    return {"text": state.text, "output_ids": list(state.output_ids), "meta_info": meta}
+
+
+def _copy(values: list[Any] | None) -> list[Any] | None:
+    return None if values is None else list(values)
