@@ -64,11 +64,6 @@ class GrammarQueue:
         self.pending = still
         return ready, failed
 
-    def remove_matching(self, matches: Callable[[str], bool]) -> list[Req]:
-        removed = [req for req in self.pending if matches(req.rid)]
-        self.pending = [r for r in self.pending if not matches(r.rid)]
-        return removed
-
     def reset(self) -> None:
         if self.backend is not None:
             self.backend.reset()

@@ -6,6 +6,7 @@ run it -> process its result -> send one BatchTokenOut; when idle, check the mem
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -28,6 +29,7 @@ from runtime.messages import (
 from runtime.model_runner import ForwardResult, ModelRunner
 from scheduler.batch import ScheduledBatch, decode_entry, prefill_entry, record_input_logprobs
 from scheduler.deadlines import Deadlines
+from scheduler.rid_index import RidIndex
 from scheduler.finish import check_finished
 from scheduler.grammar_queue import GrammarQueue
 from scheduler.output import build_batch_out, has_news
@@ -76,6 +78,7 @@ class Scheduler:
         self.finished_out: list[Req] = []  # finished outside a forward (abort, rejection)
         self.grammars = grammars or GrammarQueue(None)
         self.deadlines = Deadlines()
+        self.live: RidIndex[Req] = RidIndex()  # every request from arrival until its end is sent
         self.clock: Callable[[], float] = time.time  # the deadlines' clock (tests move it by hand)
         self.progress_at = time.monotonic()  # stamped by every loop iteration (the watchdog reads it)
         self.holding: dict[int, Req] = {}  # request row -> the request that holds it (and KV)
@@ -134,8 +137,8 @@ class Scheduler:
 
     def expire_overdue(self) -> None:
         """Abort the requests whose deadline passed, in whatever state they are."""
-        for req in self.deadlines.pop_expired(self.clock()):
-            self.abort_matching(lambda rid, own=req.rid: rid == own, "the request's deadline passed (its timeout)")
+        expired = self.deadlines.pop_expired(self.clock())
+        self.abort_reqs(expired, "the request's deadline passed (its timeout)")  # type: ignore[arg-type]
 
     def admit_compiled_grammars(self) -> None:
         """Move requests whose grammar compiled to the waiting queue; reject failed ones."""
@@ -157,26 +160,25 @@ class Scheduler:
         need = pages(len(req.prompt) + req.sampling.max_new_tokens, self.page_size)
         if need > self.cache.total:
             return self.reject(req, f"the request needs {need} KV slots but the whole pool holds {self.cache.total}")
+        self.live.add(req)
         self.deadlines.add(req)
         if not self.grammars.submit(req):
             self.waiting.append(req)
 
     def handle_abort(self, msg: AbortReq) -> None:
-        self.abort_matching(msg.matches, "aborted by request")
+        self.abort_reqs(self.live.matching(msg), "aborted by request")
 
-    def abort_matching(self, matches: Callable[[str], bool], message: str) -> None:
-        """Abort every request whose rid `matches`, wherever it is."""
-        for req in self.grammars.remove_matching(matches):
-            self.finish_now(req, message)
-        for queue in (self.waiting, self.running):
-            for req in [r for r in queue if matches(r.rid)]:
-                queue.remove(req)
-                self.finish_now(req, message)
-        if self.chunked is not None and matches(self.chunked.rid):
-            req, self.chunked = self.chunked, None
-            self.finish_now(req, message)
-        # Admitted into a prefill still in flight (overlap): in no queue yet, but holding a row.
-        for req in [r for r in self.holding.values() if matches(r.rid) and not r.finished]:
+    def abort_reqs(self, reqs: list[Req], message: str) -> None:
+        """Abort these requests wherever they are: the grammar queue, waiting, mid-chunk,
+        running, or admitted into a prefill still in flight (overlap: in no queue yet)."""
+        for req in reqs:
+            if req.finished:
+                continue
+            if req is self.chunked:
+                self.chunked = None
+            for queue in (self.grammars.pending, self.waiting, self.running):
+                with contextlib.suppress(ValueError):  # an identity scan in C; not in this one
+                    queue.remove(req)
             self.finish_now(req, message)
 
     def handle_flush(self, msg: FlushCacheReq) -> None:
@@ -394,6 +396,9 @@ class Scheduler:
         candidates = dict.fromkeys([*self.finished_out, *(batch.reqs if batch else [])])
         reqs = [r for r in candidates if has_news(r, self.config.stream_interval)]
         self.finished_out = []
+        for req in reqs:
+            if req.finished:
+                self.live.remove(req)
         if reqs:
             self.io.send_tokens(build_batch_out(reqs))
 
@@ -405,8 +410,10 @@ class Scheduler:
         self.cache.check_integrity(held_by_requests=held)
         self.rows.check_integrity()
         assert self.rows.available() == self.rows.size - len(self.holding), "request rows leaked"
+        self.live.check_integrity()
 
     def check_idle_integrity(self) -> None:
+        assert not self.live, f"idle but {len(self.live)} requests are still indexed"
         self.cache.check_idle_integrity()
         self.rows.check_integrity()
         assert self.rows.available() == self.rows.size, (

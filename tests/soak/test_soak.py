@@ -1,6 +1,6 @@
 """Soak: mixed traffic against the real server for a while, then prove nothing was lost.
 
-    make test                                        # SOAK_SECONDS (10 s) as part of the suite
+    make test                                        # SOAK_SECONDS (8 s) as part of the suite
     RADIXSERVE_SOAK_SECONDS=600 .venv/bin/python -m pytest -q tests/soak -s    # longer, with figures
 
 For the duration, CONCURRENCY clients loop over a mix: native /generate and OpenAI completions and
@@ -32,7 +32,7 @@ from tests.tokenizer.http_helpers import RunningServer, server_state, wait_until
 
 pytestmark = pytest.mark.slow
 
-SOAK_SECONDS = float(os.environ.get("RADIXSERVE_SOAK_SECONDS", "10"))
+SOAK_SECONDS = float(os.environ.get("RADIXSERVE_SOAK_SECONDS", "8"))
 WARMUP_SECONDS = 2.0
 CONCURRENCY = 12
 RSS_GROWTH_LIMIT = 300 * 2**20  # bytes, over the whole process tree
