@@ -29,13 +29,13 @@ from runtime.messages import (
 from runtime.model_runner import ForwardResult, ModelRunner
 from scheduler.batch import ScheduledBatch, decode_entry, prefill_entry, record_input_logprobs
 from scheduler.deadlines import Deadlines
-from scheduler.rid_index import RidIndex
 from scheduler.finish import check_finished
 from scheduler.grammar_queue import GrammarQueue
 from scheduler.output import build_batch_out, has_news
 from scheduler.policy import PrefillAdder, order_waiting
 from scheduler.request import Req, ReqState
 from scheduler.retract import NewTokenRatio, decode_slots_needed, pages, pick_victim, reserved_kv
+from scheduler.rid_index import RidIndex
 
 logger = logging.getLogger(__name__)
 

@@ -6,8 +6,9 @@ Every error the server sends has OpenAI's shape, whatever the route:
 
 `classify(exc)` is the one mapping from an exception to (status, message, param):
 `InvalidRequest` -> 400 naming its field, `HTTPError` -> its own status (401, 503, ...),
-`RuntimeCrashed` -> 503, aiohttp's own `HTTPException`s (404, 405, 413) -> their status, an
-internal `TimeoutError` -> 504, and anything else -> 500 with a generic message (the traceback goes to the log, never the client).
+`RuntimeCrashed` and `Overloaded` -> 503 (with Retry-After), aiohttp's own `HTTPException`s
+(404, 405, 413) -> their status, an internal `TimeoutError` -> 504, and anything else -> 500 with
+a generic message (the traceback goes to the log, never the client).
 """
 
 from __future__ import annotations

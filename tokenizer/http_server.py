@@ -23,10 +23,10 @@ from aiohttp import web
 from runtime.config import ServerConfig
 from runtime.errors import InvalidRequest
 from tokenizer import native_api
-from tokenizer.openai import api as openai_api
-from tokenizer.openai import protocol as openai_protocol
 from tokenizer.errors import HTTPError, Handler, auth_middleware, error_middleware, error_response
 from tokenizer.metrics import CONTENT_TYPE
+from tokenizer.openai import api as openai_api
+from tokenizer.openai import protocol as openai_protocol
 from tokenizer.server_state import Phase, ServerState
 from tokenizer.streaming import json_response, run_generation
 

@@ -33,10 +33,10 @@ from runtime.messages import (
     SchedulerCrashed, StateOut,
 )
 from runtime.sampling import SamplingParams
-from tokenizer.generate_body import SingleRequest, normalize_generate
-from tokenizer.request_state import Group, ReqState, apply_output, build_output
 from tokenizer.admission import PromptEncoder, check_admission
+from tokenizer.generate_body import SingleRequest, normalize_generate
 from tokenizer.limits import RequestLimits, check_grammar, check_request
+from tokenizer.request_state import Group, ReqState, apply_output, build_output
 
 logger = logging.getLogger("radixserve.tokenizer")
 

@@ -249,3 +249,13 @@ def test_nonstreamed_long_output_is_sent_every_50_tokens(tiny_model: str) -> Non
         if sched.is_idle:
             break
     assert _sends(io, "long") == [1, NONSTREAM_INTERVAL, NONSTREAM_INTERVAL, 120 - 1 - 2 * NONSTREAM_INTERVAL]
+
+
+def test_stop_strings_travel_in_the_first_message_only(tiny_model: str) -> None:
+    """The detokenizer keeps a request's options from its first message; later ones omit them."""
+    sched, io = make(tiny_model)
+    submit(io, "s", [5, 6, 7], max_new_tokens=4, stop=["never appears"], stream=True)
+    for _ in range(10):
+        sched.step()
+    stops = [out.stop_strs[out.rids.index("s")] for out in io.outs if "s" in out.rids]
+    assert len(stops) >= 2 and stops[0] == ["never appears"] and all(s == [] for s in stops[1:])

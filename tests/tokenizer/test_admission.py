@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Iterator
 
 import openai
@@ -98,3 +99,21 @@ def test_admission_rule() -> None:
     with pytest.raises(InvalidRequest) as err:
         check_admission(held=0, count=6, max_held=5, field="n")
     assert err.value.param == "n"
+
+
+def test_the_server_default_timeout_becomes_a_deadline() -> None:
+    """--request-timeout applies to a request without its own `timeout`; its own one wins."""
+    from runtime.config import ServerConfig
+    from tokenizer.limits import RequestLimits
+    from tokenizer.manager import TokenizerManager
+
+    tm = object.__new__(TokenizerManager)  # only what _prepare reads
+    tm.config = ServerConfig(model_path="/m", request_timeout=30.0)
+    tm.limits = RequestLimits(vocab_size=100, context_length=512, kv_total=None, max_n=4, max_top_logprobs=5)
+    before = time.time()
+    default = tm._prepare(SingleRequest("a", input_ids=[1, 2]), [1, 2]).req.deadline
+    own = tm._prepare(SingleRequest("b", input_ids=[1, 2], timeout=2.0), [1, 2]).req.deadline
+    assert before + 30 <= default <= time.time() + 30
+    assert before + 2 <= own <= time.time() + 2
+    tm.config = ServerConfig(model_path="/m")
+    assert tm._prepare(SingleRequest("c", input_ids=[1, 2]), [1, 2]).req.deadline is None
