@@ -67,3 +67,35 @@ def test_overdue_requests_end_with_abort_in_every_state(tiny_model: str, overlap
     assert results["run"]["ids"]  # it ran before its deadline
     assert results["late"]["finish"]["type"] == "length" and len(results["late"]["ids"]) == 3
     assert sched.state()["deadline_expired"] == 5 and sched.state()["integrity"] == "ok"
+
+
+def test_abort_and_deadline_while_in_the_grammar_queue(tiny_model: str) -> None:
+    """Requests held in the grammar queue by a compile that takes long: an abort and a deadline
+    both end them there, and nothing is left behind."""
+    from transformers import AutoTokenizer
+
+    from runtime.messages import AbortReq
+    from scheduler.grammar import GrammarBackend
+    from scheduler.grammar_queue import GrammarQueue
+    from tests.scheduler.harness import VOCAB
+    from tests.scheduler.slow_grammar import SLOW_MARKER, slow_compile
+
+    sched, io = make(tiny_model)
+    backend = GrammarBackend(AutoTokenizer.from_pretrained(tiny_model), VOCAB, stop_token_ids=[2],
+                             compile_fn=slow_compile)
+    sched.grammars = GrammarQueue(lambda: backend)
+    now = [1000.0]
+    sched.clock = lambda: now[0]
+    try:
+        submit(io, "aborted", [5, 6], max_new_tokens=4, regex=f"{SLOW_MARKER}|a")
+        submit(io, "expired", [5, 7], max_new_tokens=4, regex=f"{SLOW_MARKER}|b", deadline=1005.0)
+        sched.step()
+        assert {r.rid for r in sched.grammars.pending} == {"aborted", "expired"}
+        io.inbox.append(AbortReq("aborted"))
+        now[0] = 1005.0
+        results = run_until_idle(sched, io)  # also checks that nothing leaked
+        assert results["aborted"]["finish"]["message"] == "aborted by request"
+        assert "deadline" in results["expired"]["finish"]["message"]
+        assert sched.grammars.pending == []
+    finally:
+        backend.shutdown()

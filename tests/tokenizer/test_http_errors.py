@@ -24,7 +24,7 @@ from runtime.errors import InvalidRequest as InvalidRequest_
 from runtime.errors import RuntimeCrashed
 from tests.tokenizer.http_helpers import RunningServer, server_state
 from tokenizer.http_server import create_app
-from tokenizer.server_state import ServerState
+from tokenizer.server_state import Phase, ServerState
 
 KEY = "test-key-123"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -354,3 +354,16 @@ def test_a_dead_child_fails_requests_and_exits_nonzero(server: RunningServer) ->
     assert results["plain"].status_code == 503
     assert server.process.wait(30) == 1
     assert "exit code 1" in server.log()
+
+
+def test_health_is_503_with_the_reason_after_a_crash() -> None:
+    async def call() -> tuple[int, str, dict[str, str]]:
+        server = ServerState(ServerConfig(model_path="/models/fake", context_length=100))
+        server.attach(FakeManager(RuntimeError(), False))  # type: ignore[arg-type]
+        server.phase, server.dead_reason = Phase.DEAD, "the scheduler process crashed: RuntimeError: boom"
+        async with TestClient(TestServer(create_app(server))) as client:
+            resp = await client.get("/health")
+            return resp.status, await resp.text(), dict(resp.headers)
+
+    status, text, headers = asyncio.run(call())
+    assert status == 503 and "boom" in text and headers["Retry-After"] == "1"
