@@ -45,6 +45,7 @@ def create_app(server: ServerState) -> web.Application:
         web.post("/generate", generate), web.put("/generate", generate),
         web.get("/health", health), web.get("/health_generate", health_generate),
         web.get("/get_model_info", get_model_info), web.get("/get_server_info", get_server_info),
+        web.get("/model_info", get_model_info), web.get("/server_info", get_server_info),  # SGLang's newer names
         web.post("/flush_cache", flush_cache),
         web.post("/abort_request", abort_request), web.get("/metrics", metrics),
         web.get("/v1/models", list_models), web.post("/v1/completions", completions),

@@ -38,6 +38,15 @@ SAMPLING_FIELDS = {  # OpenAI / SGLang-extra name -> SamplingParams name
     "spaces_between_special_tokens": "spaces_between_special_tokens",
 }
 IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls"}
+# SGLang's extensions that sglang-router forwards on every request (its typed request writes them
+# out with their defaults): accepted when they ask for nothing we lack, a 400 naming them when
+# they do. (name -> the values that ask for nothing; None: any boolean, it changes nothing here.)
+NEUTRAL_EXTENSIONS: dict[str, tuple[bool, ...] | None] = {
+    "return_hidden_states": (False,),
+    "continue_final_message": (False,),
+    "separate_reasoning": None,  # no reasoning parser here: nothing to separate or stream
+    "stream_reasoning": None,
+}
 COMMON = {"model", "max_tokens", "stream", "stream_options", "logprobs", "rid", "timeout",
           *SAMPLING_FIELDS, *GRAMMAR_FIELDS, *IGNORED}
 COMPLETION_FIELDS = COMMON | {"prompt", "echo", "suffix", "best_of"}
@@ -106,7 +115,12 @@ def _is_int(x: Any) -> bool:
 def _check_object(req: Any, allowed: set[str]) -> dict[str, Any]:
     if not isinstance(req, dict):
         raise InvalidRequest("the request body must be a JSON object")
-    unknown = sorted(k for k in req if k not in allowed)
+    for name, neutral in NEUTRAL_EXTENSIONS.items():
+        if name in req:
+            value = req[name]
+            if not isinstance(value, bool) or (neutral is not None and value not in neutral):
+                raise InvalidRequest(f"{name}={value!r} is not supported", param=name)
+    unknown = sorted(k for k in req if k not in allowed and k not in NEUTRAL_EXTENSIONS)
     if unknown:
         raise InvalidRequest(f"Unrecognized request argument(s): {', '.join(unknown)}",
                              param=unknown[0])

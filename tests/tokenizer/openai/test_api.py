@@ -148,3 +148,23 @@ def test_chat_stream_sends_role_then_deltas_then_usage() -> None:
 def test_models_list() -> None:
     listing = models_list("served", 123, 2048)
     assert listing["data"][0]["id"] == "served" and listing["data"][0]["max_model_len"] == 2048
+
+
+ROUTER_DEFAULTS = {"continue_final_message": False, "return_hidden_states": False, "separate_reasoning": True,
+                   "stream_reasoning": True}  # what sglang-router writes into every request it forwards
+
+
+def test_sglang_extensions_the_router_forwards_are_accepted_when_neutral() -> None:
+    chat = _chat(messages=[{"role": "user", "content": "x"}], max_tokens=2, **ROUTER_DEFAULTS)
+    assert chat.body["sampling_params"]["max_new_tokens"] == 2
+    assert "return_hidden_states" not in chat.body
+    completion = _completion(prompt="x", max_tokens=2, return_hidden_states=False)
+    assert completion.body["text"] == "x"
+
+
+@pytest.mark.parametrize("field,value", [("return_hidden_states", True), ("continue_final_message", True),
+                                         ("separate_reasoning", "yes")])
+def test_sglang_extensions_that_ask_for_more_are_refused(field: str, value: Any) -> None:
+    with pytest.raises(InvalidRequest, match="not supported") as info:
+        _chat(messages=[{"role": "user", "content": "x"}], **{field: value})
+    assert info.value.param == field
