@@ -25,21 +25,19 @@ import torch
 class ForwardMetadata:
     """Tensors describing one batch; built once per batch from `req_to_token`."""
 
-    qo_indptr: torch.Tensor  # int32 [B+1], cumulative new-token counts
-    kv_indptr: torch.Tensor  # int32 [B+1], cumulative page counts
-    kv_indices: torch.Tensor  # int32 [num_pages], page ids of every request's KV, in order
-    kv_last_page_len: torch.Tensor  # int32 [B], tokens in each request's last page (1..page_size)
+    kv_indices: torch.Tensor  # int32 [num_pages], page ids of every request's KV, in order (device)
     positions: torch.Tensor  # int64 [T], position of each new token in its sequence
     out_cache_loc: torch.Tensor  # int64 [T], KV slot each new token's K/V is written to
     page_size: int
     # Host copies of the lengths, so a backend never needs a device->host sync to plan.
     seq_lens: list[int]  # [B] tokens of KV per request after this step
     extend_lens: list[int]  # [B] new tokens per request in this step
-    # The same indptrs as host tensors (pinned on CUDA): FlashInfer's plan() reads them on the
-    # host, and given device tensors it would copy them back with a blocking copy every batch.
-    qo_indptr_host: torch.Tensor  # int32 [B+1]
-    kv_indptr_host: torch.Tensor  # int32 [B+1]
-    kv_last_page_len_host: torch.Tensor  # int32 [B]
+    # The indptrs and last-page lengths as host tensors (pinned on CUDA), and only there: every
+    # backend reads them on the host (FlashInfer's plan() would copy device ones back with a
+    # blocking copy every batch, and copies these to the device itself).
+    qo_indptr_host: torch.Tensor  # int32 [B+1], cumulative new-token counts
+    kv_indptr_host: torch.Tensor  # int32 [B+1], cumulative page counts
+    kv_last_page_len_host: torch.Tensor  # int32 [B], tokens in each request's last page (1..page_size)
 
     @property
     def batch_size(self) -> int:

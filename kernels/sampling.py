@@ -29,13 +29,13 @@ Semantics (where SGLang leaves a choice):
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from itertools import chain
 
 import torch
 
 from runtime.sampling import SamplingParams
+from kernels.logit_bias import request_bias
 from runtime.transfer import upload, upload_tensor
 
 Device = torch.device | str
@@ -157,7 +157,7 @@ class SamplingBatch:
         self.pen_rep = per_key("repetition_penalty")
 
     def _build_bias(self, params: list[SamplingParams], device: Device) -> None:
-        rows = [(row, _bias_tensors(p, self.vocab_size, torch.device(device)))
+        rows = [(row, request_bias(p, self.vocab_size, torch.device(device)))
                 for row, p in enumerate(params) if p.logit_bias]
         rows = [(row, t) for row, t in rows if t[0].numel()]
         if rows:
@@ -174,27 +174,6 @@ class SamplingBatch:
                  for tid in ids if 0 <= tid < self.vocab_size]
         if index:
             self.block_index = upload(index, torch.int64, device)
-
-
-BIAS_CACHE_ENTRIES = 4096
-# A request's logit_bias as (token ids, values) device tensors, built once: keyed by the identity
-# of its SamplingParams (the scheduler hands the same object to every step), the object itself
-# kept in the entry so that its id cannot be reused while cached.
-_bias_cache: OrderedDict[int, tuple[SamplingParams, torch.Tensor, torch.Tensor]] = OrderedDict()
-
-
-def _bias_tensors(p: SamplingParams, vocab: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    hit = _bias_cache.get(id(p))
-    if hit is not None and hit[0] is p and hit[1].device == device:
-        _bias_cache.move_to_end(id(p))
-        return hit[1], hit[2]
-    pairs = [(tid, bias) for tid, bias in p.logit_bias_ids() if 0 <= tid < vocab]
-    ids = upload([t for t, _ in pairs], torch.int64, device)
-    values = upload([b for _, b in pairs], torch.float32, device)
-    _bias_cache[id(p)] = (p, ids, values)
-    while len(_bias_cache) > BIAS_CACHE_ENTRIES:
-        _bias_cache.popitem(last=False)
-    return ids, values
 
 
 def _row_group(

@@ -56,7 +56,7 @@ class ForwardEntry:
 # The int64 arrays of a BatchPlan uploaded together, in this order.
 UPLOADED = (
     "input_ids", "positions", "out_cache_loc", "rows", "last_rows", "num_pages", "kv_indptr",
-    "kv_last_page_len", "qo_indptr", "future_at", "future_rows", "table_at", "table_slots",
+    "future_at", "future_rows", "table_at", "table_slots",
 )
 
 

@@ -192,10 +192,7 @@ class ModelRunner:
             input_ids.index_copy_(0, dev["future_at"], self.future_tokens.index_select(0, dev["future_rows"]))
         int32 = torch.int32
         meta = ForwardMetadata(
-            qo_indptr=dev["qo_indptr"].to(int32),
-            kv_indptr=dev["kv_indptr"].to(int32),
             kv_indices=gather_kv_indices(table, dev["rows"], dev["num_pages"], dev["kv_indptr"], plan),
-            kv_last_page_len=dev["kv_last_page_len"].to(int32),
             positions=dev["positions"],
             out_cache_loc=dev["out_cache_loc"],
             page_size=plan.page_size,

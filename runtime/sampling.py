@@ -17,7 +17,6 @@ Choices where SGLang is silent or differs:
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, fields

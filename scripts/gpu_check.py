@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from tests.kernels.backend_scenarios import SCENARIOS, max_logit_error, run_scenario  # noqa: E402
-from tests.runtime.tiny_runner import write_config  # noqa: E402
+from tests.runtime.tiny_runner import with_flashinfer_backend, write_config  # noqa: E402
 
 # name: (heads, kv heads, head dim, hidden, intermediate, vocab); layers cut to LAYERS.
 REAL_SHAPES = {
@@ -80,8 +80,6 @@ def model_folder(root: Path, name: str, dry_run: bool) -> str:
 
 def make_runner(path: str, backend: str, page_size: int, dry_run: bool, max_running: int = 16, kv_tokens: int = 8192):
     """A runner on the GPU (or on CPU in a dry run, "flashinfer" then being the stand-in)."""
-    import dataclasses
-
     from runtime.config import ServerConfig
     from runtime.model_runner import ModelRunner
     from runtime.model_setup import load_model_for_serving, resolve_config
@@ -95,12 +93,7 @@ def make_runner(path: str, backend: str, page_size: int, dry_run: bool, max_runn
     ))
     loaded = load_model_for_serving(cfg)
     if dry_run and backend == "flashinfer":
-        from kernels.flashinfer_backend import FlashInferAttentionBackend
-
-        mc = loaded.model_config
-        fi = FlashInferAttentionBackend(loaded.kv_pool, mc.num_heads, mc.num_kv_heads, mc.head_dim, loaded.dtype,
-                                        workspace_bytes=1 << 16)
-        loaded = dataclasses.replace(loaded, backend=fi)
+        loaded = with_flashinfer_backend(loaded)
     runner = ModelRunner(loaded)
     runner.warmup()
     return runner

@@ -20,10 +20,7 @@ def _metadata(page_lists: list[list[int]], seq_lens: list[int], extend_lens: lis
     positions = [p for n, e in zip(seq_lens, extend_lens) for p in range(n - e, n)]
     cum = lambda xs: torch.tensor([sum(xs[:i]) for i in range(len(xs) + 1)], dtype=torch.int32)  # noqa: E731
     return ForwardMetadata(
-        qo_indptr=cum(extend_lens),
-        kv_indptr=cum([len(p) for p in page_lists]),
         kv_indices=torch.tensor([p for pages in page_lists for p in pages], dtype=torch.int32),
-        kv_last_page_len=torch.tensor([n - (len(p) - 1) * ps for p, n in zip(page_lists, seq_lens)], dtype=torch.int32),
         positions=torch.tensor(positions),
         out_cache_loc=torch.tensor(out_loc),
         page_size=ps,
@@ -112,7 +109,7 @@ def test_flashinfer_matches_torch_backend(page_size: int, extend_lens: list[int]
     meta = _metadata(pages, seq_lens, extend_lens, page_size)
     meta_dev = ForwardMetadata(**{**meta.__dict__, **{
         f: getattr(meta, f).to(dev)
-        for f in ("qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len", "positions", "out_cache_loc")
+        for f in ("kv_indices", "positions", "out_cache_loc")
     }})
     prefix_k = torch.randn(num_pages * page_size, KV_HEADS, 64, generator=gen).to(dev, torch.bfloat16)
     for pool in pools:

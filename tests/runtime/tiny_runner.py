@@ -10,7 +10,7 @@ import pytest
 
 from runtime.config import ServerConfig
 from runtime.model_runner import ModelRunner
-from runtime.model_setup import load_model_for_serving, resolve_config
+from runtime.model_setup import LoadedModel, load_model_for_serving, resolve_config
 
 # Real models' head layouts on a toy width: (num_heads, num_kv_heads, head_dim).
 SHAPES = {
@@ -42,13 +42,19 @@ def make_runner(model_path: str, backend: str = "torch", page_size: int = 1, dty
     ))
     loaded = load_model_for_serving(cfg)
     if backend == "fake-flashinfer":
-        from kernels.flashinfer_backend import FlashInferAttentionBackend
-
-        mc = loaded.model_config
-        fi = FlashInferAttentionBackend(loaded.kv_pool, mc.num_heads, mc.num_kv_heads, mc.head_dim, loaded.dtype,
-                                        workspace_bytes=workspace_bytes)
-        loaded = dataclasses.replace(loaded, backend=fi)
+        loaded = with_flashinfer_backend(loaded, workspace_bytes)
     return ModelRunner(loaded)
+
+
+def with_flashinfer_backend(loaded: LoadedModel, workspace_bytes: int = 1 << 16) -> LoadedModel:
+    """`loaded` with our FlashInfer backend on its pool: on CPU, where resolve_config never
+    picks it, over whatever `flashinfer` module is installed (the stand-in), small workspace."""
+    from kernels.flashinfer_backend import FlashInferAttentionBackend
+
+    mc = loaded.model_config
+    backend = FlashInferAttentionBackend(loaded.kv_pool, mc.num_heads, mc.num_kv_heads, mc.head_dim, loaded.dtype,
+                                         workspace_bytes=workspace_bytes)
+    return dataclasses.replace(loaded, backend=backend)
 
 
 @pytest.fixture
