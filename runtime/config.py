@@ -45,7 +45,12 @@ class ServerConfig:
     # Hardware.
     device: str = _opt("auto", "compute device; auto: cuda when present, else cpu", ("auto", "cpu", "cuda"))
     attention_backend: str = _opt("auto", "attention kernels; auto: flashinfer on CUDA, torch on CPU", ("auto", "torch", "flashinfer"))
-    num_threads: int | None = _opt(None, "CPU threads for torch in the scheduler process; default: all cores")
+    num_threads: int | None = _opt(
+        None, "CPU threads for torch in each scheduler process; default: all cores, shared out among the tensor-"
+        "parallel ranks")
+    tp_size: int = _opt(
+        1, "tensor-parallel ranks: one scheduler process per rank, each holding its share of the heads, the MLP "
+        "and the vocabulary (gloo on CPU, NCCL on CUDA, one GPU per rank)")
     mem_fraction_static: float = _opt(0.85, "CUDA only: fraction of GPU memory for weights and KV cache")
 
     # Memory and scheduling.
@@ -96,6 +101,8 @@ class ServerConfig:
             value = getattr(self, f.name)
             if choices and value not in choices:
                 raise InvalidRequest(f"{f.name} must be one of {list(choices)}, got {value!r}", param=f.name)
+        if self.tp_size < 1:
+            raise InvalidRequest("tp_size must be >= 1", param="tp_size")
         if self.page_size < 1:
             raise InvalidRequest("page_size must be >= 1", param="page_size")
         if self.stream_interval < 1:

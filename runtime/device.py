@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -133,6 +134,25 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
+
+
+def rank_device(device_type: str, rank: int) -> torch.device:
+    """The device tensor-parallel rank `rank` computes on: its own GPU, or the CPU."""
+    if device_type == "cuda":
+        torch.cuda.set_device(rank)
+        return torch.device("cuda", rank)
+    return torch.device(device_type)
+
+
+def threads_per_rank(config: Any) -> int | None:
+    """Torch threads for one scheduler process: --num-threads, or with tp_size > 1 on CPU the
+    cores shared out among the ranks (each would otherwise start one thread per core, and the
+    ranks would fight over the cores); None leaves torch's default (all cores)."""
+    if config.num_threads:
+        return config.num_threads
+    if config.tp_size > 1 and config.device == "cpu":
+        return max(1, (os.cpu_count() or 1) // config.tp_size)
+    return None
 
 
 def resolve_dtype(

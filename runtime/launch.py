@@ -8,6 +8,10 @@
 The caller resolves the config first (`runtime.model_setup.resolve_config`, which imports torch),
 so this module stays light and the caller holds the same resolved config it serves with.
 
+With tp_size > 1 the children also include one "tp-rank-N" process per further rank
+(runtime/tp_worker.py): no sockets, stopped by rank 0 rather than by a ShutdownReq, and watched
+like the others, so a rank's death fails every request.
+
 Readiness: each child sends `ChildReady` over its own one-way pipe. The launcher waits on every
 pipe and every process sentinel at once, so a child that dies while loading fails the launch at
 once with its exit code instead of waiting out the timeout.
@@ -51,6 +55,7 @@ class _Child:
     name: str
     process: BaseProcess
     ready_conn: Connection | None  # the launcher's read end, until ChildReady arrives
+    has_socket: bool = True  # reads ShutdownReq on its own socket (tensor-parallel followers do not)
 
 
 class Runtime:
@@ -60,6 +65,7 @@ class Runtime:
         self.config = config
         self.ipc_dir = ipc_dir
         self.processes: dict[str, BaseProcess] = {c.name: c.process for c in children}
+        self._socket_names = {c.name for c in children if c.has_socket}
         self.scheduler_info: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -106,7 +112,8 @@ class Runtime:
             if self._watcher is not None and self._watcher is not threading.current_thread():
                 self._watcher.join(timeout=2.0)
             if graceful:
-                _send_shutdown(self.ipc_dir, [n for n, p in self.processes.items() if p.is_alive()])
+                alive = [n for n, p in self.processes.items() if p.is_alive() and n in self._socket_names]
+                _send_shutdown(self.ipc_dir, alive)
             _join_or_kill(list(self.processes.values()), SHUTDOWN_JOIN_S if graceful else 0.0)
             self.ipc_dir.cleanup()
             for fd in (self._stop_r, self._stop_w):
@@ -134,11 +141,18 @@ def launch_runtime(config: ServerConfig, scheduler_target: ChildTarget | None = 
         from scheduler.process import run_scheduler_process as scheduler_target
     from detokenizer.manager import run_detokenizer_process
 
+    from runtime.tp_worker import rank_name, run_tp_rank_process
+
     ipc_dir = IpcDir()
     ctx = mp.get_context("spawn")
     children = [
         _spawn(ctx, "scheduler", scheduler_target, config, ipc_dir.path),
         _spawn(ctx, "detokenizer", run_detokenizer_process, config, ipc_dir.path),
+    ]
+    # Tensor-parallel ranks 1..: no sockets; they follow the scheduler (rank 0).
+    children += [
+        _spawn(ctx, rank_name(r), run_tp_rank_process, config, ipc_dir.path, r, has_socket=False)
+        for r in range(1, config.tp_size)
     ]
     runtime = Runtime(config, ipc_dir, children)
     try:
@@ -151,14 +165,17 @@ def launch_runtime(config: ServerConfig, scheduler_target: ChildTarget | None = 
     return runtime
 
 
-def _spawn(ctx: Any, name: str, target: ChildTarget, config: ServerConfig, ipc_path: str) -> _Child:
+def _spawn(
+    ctx: Any, name: str, target: Callable[..., None], config: ServerConfig, ipc_path: str, *extra: Any,
+    has_socket: bool = True,
+) -> _Child:
     recv_end, send_end = ctx.Pipe(duplex=False)
     process = ctx.Process(
-        target=target, args=(config, ipc_path, send_end), name=f"radixserve-{name}"
+        target=target, args=(config, ipc_path, send_end, *extra), name=f"radixserve-{name}"
     )
     process.start()
     send_end.close()  # NOTE: the child holds the only write end, so its death reads as EOF
-    return _Child(name, process, recv_end)
+    return _Child(name, process, recv_end, has_socket)
 
 
 def _await_ready(children: list[_Child]) -> dict[str, dict[str, Any]]:

@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import chain
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -24,6 +25,9 @@ from runtime.forward_batch import UPLOADED, BatchPlan, ForwardEntry, plan_batch
 from runtime.kv_pool import KVPool, ReqToTokenPool
 from runtime.model_setup import LoadedModel
 from runtime.transfer import PendingHost, host_tensor, upload, upload_tensor
+
+if TYPE_CHECKING:
+    from runtime.tp_worker import StepBroadcaster
 
 __all__ = ["ForwardEntry", "ForwardResult", "ModelRunner", "StepInputs"]
 
@@ -89,6 +93,9 @@ class ModelRunner:
         self.graphs: CudaGraphRunner | None = None
         self.forward_s = 0.0  # wall time inside forward(), for the scheduler-overhead benchmark
         self.forward_count = 0
+        # Tensor parallelism: rank 0 sends each step to the other ranks first (runtime/tp_worker.py).
+        self.tp = loaded.tp
+        self.step_leader: StepBroadcaster | None = None
 
     def warmup(self) -> None:
         """Run a small prefill and a decode once, so the first request does not pay for oneDNN
@@ -105,8 +112,23 @@ class ModelRunner:
         with torch.inference_mode(), self._on_stream():
             self.graphs = CudaGraphRunner(self, min(max_bs, self.req_to_token.size), capture)
 
+    def lead_tensor_parallel(self) -> None:
+        """Rank 0: broadcast every later forward to the other ranks, which run it too."""
+        assert self.tp is not None and self.tp.plan.rank == 0
+        from runtime.tp_worker import StepBroadcaster
+
+        self.step_leader = StepBroadcaster(self.tp.group)
+
+    def close(self) -> None:
+        """Release the other tensor-parallel ranks (rank 0, when its scheduler stops)."""
+        if self.step_leader is not None:
+            self.step_leader.close()
+            self.step_leader = None
+
     def forward(self, entries: list[ForwardEntry], keep_logits: bool = False) -> ForwardResult:
         start = time.perf_counter()
+        if self.step_leader is not None:
+            self.step_leader.send(entries, keep_logits)
         try:
             with self._on_stream():
                 return self._forward(entries, keep_logits)
@@ -155,6 +177,8 @@ class ModelRunner:
         out = sample(
             logits, sampling, top_logprobs_num=top_nums, return_logprob=any(e.return_logprob for e in entries)
         )
+        if self.tp is not None:  # every rank's future map must hold rank 0's choices
+            self.tp.group.broadcast_(out.next_ids)
         self.future_tokens.index_copy_(0, step.rows[: len(entries)], out.next_ids)
         input_lps, input_tops = self._input_logprobs(entries, step.plan, hidden)
         return ForwardResult(

@@ -10,16 +10,23 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from kernels.base import AttentionBackend
 from runtime.config import ServerConfig, read_model_json
-from runtime.device import DTYPES, dtype_name, resolve_attention_backend, resolve_device, resolve_dtype
+from runtime.device import (
+    DTYPES, dtype_name, rank_device, resolve_attention_backend, resolve_device, resolve_dtype, threads_per_rank,
+)
 from runtime.errors import InvalidRequest
 from runtime.gguf_model import is_gguf_path
 from runtime.kv_pool import KVPool, ReqToTokenPool
 from runtime.models.config import ModelConfig
+from runtime.models.sharding import check_shardable
+
+if TYPE_CHECKING:
+    from runtime.tp_group import TensorParallel
 
 logger = logging.getLogger("radixserve.setup")
 
@@ -46,6 +53,7 @@ def resolve_config(config: ServerConfig) -> ServerConfig:
         model_path, load_format = ensure_gguf_folder(model_path), "auto"
     model_config = ModelConfig.from_hf(read_model_json(model_path, "config.json"))
     device = resolve_device(config.device)
+    check_tp(config.tp_size, model_config, device)
     dtype, why = resolve_dtype(config.dtype, model_config.torch_dtype, device)
     kv_dtype = dtype if config.kv_cache_dtype == "auto" else DTYPES[config.kv_cache_dtype]
     logger.info("dtype %s, KV cache %s (%s)", dtype_name(dtype), dtype_name(kv_dtype), why)
@@ -83,8 +91,11 @@ def resolve_config(config: ServerConfig) -> ServerConfig:
         kv_cache_dtype=dtype_name(kv_dtype),
         attention_backend=backend,
         cuda_graph_max_bs=graph_max_bs,
-        # Graphs capture FlashInfer's graph wrappers; the torch backend runs eagerly.
-        disable_cuda_graph=config.disable_cuda_graph or device.type != "cuda" or backend != "flashinfer",
+        # Graphs capture FlashInfer's graph wrappers; the torch backend runs eagerly. Graphs with
+        # NCCL collectives inside are not built yet: tensor-parallel decode runs eagerly.
+        disable_cuda_graph=(
+            config.disable_cuda_graph or device.type != "cuda" or backend != "flashinfer" or config.tp_size > 1
+        ),
         chunked_prefill_size=chunk,
         context_length=context,
         max_total_tokens=max_total,
@@ -94,6 +105,15 @@ def resolve_config(config: ServerConfig) -> ServerConfig:
             device.type != "cuda" if config.disable_overlap_schedule is None else config.disable_overlap_schedule
         ),
     )
+
+
+def check_tp(tp_size: int, model_config: ModelConfig, device: torch.device) -> None:
+    """Refuse, naming tp_size, a split the model or the machine cannot take."""
+    check_shardable(model_config, tp_size)
+    if device.type == "cuda" and tp_size > torch.cuda.device_count():
+        raise InvalidRequest(
+            f"tp_size {tp_size} needs {tp_size} GPUs; {torch.cuda.device_count()} are visible", param="tp_size"
+        )
 
 
 @dataclass
@@ -109,6 +129,7 @@ class LoadedModel:
     kv_pool: KVPool
     req_to_token: ReqToTokenPool
     backend: AttentionBackend
+    tp: TensorParallel | None = None  # this rank's part and the group, under tensor parallelism
 
     @property
     def max_total_tokens(self) -> int:
@@ -116,39 +137,42 @@ class LoadedModel:
         return self.kv_pool.num_slots - self.page_size
 
 
-def load_model_for_serving(config: ServerConfig) -> LoadedModel:
-    """Load weights, size and allocate the KV pool, and build the attention backend."""
+def load_model_for_serving(config: ServerConfig, tp: TensorParallel | None = None) -> LoadedModel:
+    """Load weights, size and allocate the KV pool, and build the attention backend (with `tp`:
+    this rank's part of the model, its KV heads, and the KV capacity every rank can hold)."""
     from runtime.weights import load_model
 
     assert config.model_path and config.device != "auto", "resolve_config() first"
     torch.manual_seed(config.random_seed)
-    if config.num_threads:
-        torch.set_num_threads(config.num_threads)
+    threads = threads_per_rank(config)
+    if threads:
+        torch.set_num_threads(threads)
     model_config = ModelConfig.from_hf(read_model_json(config.model_path, "config.json"))
-    device = torch.device(config.device)
+    device = rank_device(config.device, tp.plan.rank if tp else 0)
     dtype = DTYPES[config.dtype]
     model = load_model(
         config.model_path, model_config, dtype, device, load_format=config.load_format, seed=config.random_seed,
-        quantization=config.quantization,
+        quantization=config.quantization, tp=tp,
     )
+    local = model.config  # this rank's heads
     if device.type == "cpu" and dtype in (torch.float32, torch.bfloat16):  # the kernels' dtypes
         from runtime.cpu_kernels import load_cpu_kernels
 
         model.use_cpu_kernels(load_cpu_kernels())
     kv_dtype = DTYPES[config.kv_cache_dtype]
     ps = config.page_size
-    max_total = config.max_total_tokens or _cuda_kv_tokens(config, model_config, kv_dtype)
+    max_total = config.max_total_tokens or _cuda_kv_tokens(config, local, kv_dtype)
+    if tp is not None:  # the scheduler's slot ids index every rank's pool
+        max_total = tp.group.min_int(max_total)
     num_slots = (max_total // ps + 1) * ps  # + the reserved padding page
-    kv_pool = KVPool(
-        model_config.num_layers, num_slots, model_config.num_kv_heads, model_config.head_dim, kv_dtype, device, ps
-    )
+    kv_pool = KVPool(local.num_layers, num_slots, local.num_kv_heads, local.head_dim, kv_dtype, device, ps)
     assert config.context_length is not None
     max_running = config.max_running_requests or min(max(max_total // 2, 1), CUDA_DEFAULT_MAX_RUNNING)
     width = -(-config.context_length // ps) * ps
     req_to_token = ReqToTokenPool(max_running, width, device)
-    backend = make_backend(config.attention_backend, kv_pool, model_config, dtype)
+    backend = make_backend(config.attention_backend, kv_pool, local, dtype)
     resolved = config.replace(max_total_tokens=num_slots - ps, max_running_requests=max_running)
-    return LoadedModel(resolved, model_config, model, device, dtype, ps, kv_pool, req_to_token, backend)
+    return LoadedModel(resolved, model_config, model, device, dtype, ps, kv_pool, req_to_token, backend, tp)
 
 
 def make_backend(name: str, kv_pool: KVPool, mc: ModelConfig, dtype: torch.dtype) -> AttentionBackend:

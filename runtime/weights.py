@@ -5,11 +5,15 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 
 from runtime.device import should_prepack
 from runtime.models import CausalLM, ModelConfig, build_model
+
+if TYPE_CHECKING:
+    from runtime.tp_group import TensorParallel
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -54,6 +58,7 @@ def load_model(
     seed: int = 0,
     prepack: bool | None = None,
     quantization: str | None = None,
+    tp: TensorParallel | None = None,
 ) -> CausalLM:
     """Build the model on `device`, fill its weights, prepack them, and return it ready to run.
 
@@ -61,10 +66,11 @@ def load_model(
     (normal, std 0.02; norms 1) from `seed` without reading any file. `prepack`: pack the linear
     weights for the device; None: where `runtime.device.should_prepack` says it pays.
     `quantization` "int8": add per-channel int8 decoder weights for small-batch calls (CPU only).
+    `tp`: build and load only this tensor-parallel rank's part.
     """
     if load_format not in ("auto", "dummy"):
         raise ValueError(f"load_format must be 'auto' or 'dummy', got {load_format!r}")
-    model = build_model(model_config, dtype, device)
+    model = build_model(model_config, dtype, device, tp)
     if load_format == "dummy":
         init_dummy_weights(model, seed)
     else:
@@ -84,9 +90,13 @@ def load_model(
 
 @torch.no_grad()
 def init_dummy_weights(model: CausalLM, seed: int) -> None:
+    """Normal(0, 0.02) weights and unit norms, drawn at the whole model's shapes (a meta-device
+    copy gives them) so that a tensor-parallel rank holds its part of the same model."""
     gen = torch.Generator().manual_seed(seed)
-    for name, param in model.named_parameters():
+    whole = build_model(model.global_config, model.dtype, torch.device("meta"))
+    for name, param in whole.named_parameters():
         if name.endswith("norm.weight"):
-            param.fill_(1.0)
+            value = torch.ones(param.shape)
         else:
-            param.copy_(torch.empty(param.shape, dtype=torch.float32).normal_(0.0, 0.02, generator=gen))
+            value = torch.empty(param.shape, dtype=torch.float32).normal_(0.0, 0.02, generator=gen)
+        model.fill_param(name, value)

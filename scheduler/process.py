@@ -78,8 +78,12 @@ def eos_token_ids(model_path: str, tokenizer: Any, config_eos: tuple[int, ...]) 
     return frozenset(ids)
 
 
-def build_scheduler(config: ServerConfig, io: Any) -> Any:
-    """Load the model and tokenizer and return a ready Scheduler (also used in-process by tests)."""
+def build_scheduler(config: ServerConfig, io: Any, ipc_path: str | None = None) -> Any:
+    """Load the model and tokenizer and return a ready Scheduler (also used in-process by tests).
+
+    With tp_size > 1 this is rank 0: it joins the group through `ipc_path`'s rendezvous file,
+    loads its part of the model, and leads the other ranks' forwards from the warm-up on.
+    """
     from transformers import AutoTokenizer
 
     from runtime.model_runner import ModelRunner
@@ -89,7 +93,13 @@ def build_scheduler(config: ServerConfig, io: Any) -> Any:
     from scheduler.overlap import OverlapScheduler
     from scheduler.scheduler import Scheduler
 
-    loaded = load_model_for_serving(config)
+    if config.tp_size > 1:
+        from runtime.tp_worker import load_rank
+
+        assert ipc_path is not None, "tensor parallelism needs the launch's IPC directory"
+        loaded = load_rank(config, ipc_path, 0)
+    else:
+        loaded = load_model_for_serving(config)
     tokenizer = AutoTokenizer.from_pretrained(config.tokenizer_path or config.model_path)
     eos = eos_token_ids(config.model_path or "", tokenizer, loaded.model_config.eos_token_ids)
 
@@ -97,6 +107,8 @@ def build_scheduler(config: ServerConfig, io: Any) -> Any:
         return tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
     runner = ModelRunner(loaded)
+    if loaded.tp is not None:
+        runner.lead_tensor_parallel()
     runner.warmup()
     if not loaded.config.disable_cuda_graph and loaded.config.cuda_graph_max_bs:
         runner.init_cuda_graphs(loaded.config.cuda_graph_max_bs)
@@ -115,7 +127,7 @@ def run_scheduler_process(config: ServerConfig, ipc_path: str, ready_conn: Conne
     watch_parent()
     io = SocketIO(ipc_path)
     try:
-        scheduler = build_scheduler(config, io)
+        scheduler = build_scheduler(config, io, ipc_path)
         info = {
             "max_total_tokens": scheduler.cache.total,
             "max_running_requests": scheduler.max_running,
@@ -128,6 +140,7 @@ def run_scheduler_process(config: ServerConfig, ipc_path: str, ready_conn: Conne
         scheduler.event_loop()
         if watchdog is not None:
             watchdog.stop()
+        scheduler.runner.close()
     except Exception:
         tb = traceback.format_exc()
         logger.error("scheduler crashed:\n%s", tb)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from runtime.errors import UnsupportedModel
@@ -11,19 +13,25 @@ from runtime.models.llama import LlamaForCausalLM
 from runtime.models.qwen2 import Qwen2ForCausalLM
 from runtime.models.qwen3 import Qwen3ForCausalLM
 
+if TYPE_CHECKING:
+    from runtime.tp_group import TensorParallel
+
 MODEL_REGISTRY: dict[str, type[CausalLM]] = {
     arch: cls for cls in (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM) for arch in cls.architectures
 }
 
 
-def build_model(model_config: ModelConfig, dtype: torch.dtype, device: torch.device) -> CausalLM:
-    """An unloaded model (uninitialized weights) on `device`; fill it with `load_weights`."""
+def build_model(
+    model_config: ModelConfig, dtype: torch.dtype, device: torch.device, tp: TensorParallel | None = None
+) -> CausalLM:
+    """An unloaded model (uninitialized weights) on `device`, this rank's part of it under `tp`;
+    fill it with `load_weights`."""
     cls = MODEL_REGISTRY.get(model_config.architecture)
     if cls is None:
         raise UnsupportedModel(
             f"unsupported model architecture {model_config.architecture!r}; supported: {', '.join(MODEL_REGISTRY)}"
         )
-    return cls(model_config, dtype, device)
+    return cls(model_config, dtype, device, tp)
 
 
 __all__ = ["MODEL_REGISTRY", "CausalLM", "ModelConfig", "build_model"]

@@ -6,12 +6,19 @@ gate_up -> SiLU(gate) * up -> down. Activations (and rotary, as in HF) are in th
 
 Parameter names follow the HF checkpoint's, except the fused `qkv_proj` (q, k, v rows) and
 `gate_up_proj` (gate, up rows), which `load_weights` fills shard by shard.
+
+Tensor parallelism (`tp`, see runtime/models/sharding.py): every module is built with this
+rank's shapes (`ShardPlan.local_config`), `load_weights` cuts each checkpoint tensor to this
+rank's part, and three collectives join the ranks: an all-reduce after o_proj and after
+down_proj (row-parallel), one after the vocab-parallel embedding lookup, and a gather of the
+vocab-parallel logits. With `tp` None nothing of this runs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -24,14 +31,20 @@ from kernels.rotary import RotaryEmbedding, RotaryRows
 from runtime.errors import UnsupportedModel
 from runtime.models.config import ModelConfig
 
+if TYPE_CHECKING:
+    from runtime.tp_group import TensorParallel
+
 # Checkpoint tensors that carry no weights (precomputed rotary buffers of old exports).
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype, device: torch.device, tp: TensorParallel | None = None
+    ) -> None:
         super().__init__()
         self.layer_id = layer_id
+        self.tp = tp
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
         kw = dict(dtype=dtype, device=device)
@@ -56,13 +69,14 @@ class Attention(nn.Module):
         else:
             qk = RotaryEmbedding.apply(qk, cos_sin)
         # NOTE: q, k and v are strided views (rows of a wider tensor); split dims with view, not flatten T.
-        out = backend.forward(self.layer_id, qk[:, :nh], qk[:, nh:], v)
-        return self.o_proj(out)
+        out = self.o_proj(backend.forward(self.layer_id, qk[:, :nh], qk[:, nh:], v))
+        return out if self.tp is None else self.tp.group.all_reduce(out)
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, tp: TensorParallel | None = None) -> None:
         super().__init__()
+        self.tp = tp
         kw = dict(bias=cfg.mlp_bias, dtype=dtype, device=device)
         self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, **kw)
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, **kw)
@@ -71,19 +85,23 @@ class MLP(nn.Module):
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(h)
         if self.kernels is not None:
-            return self.down_proj(self.kernels.silu_mul(gate_up))
-        gate, up = gate_up.chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+            out = self.down_proj(self.kernels.silu_mul(gate_up))
+        else:
+            gate, up = gate_up.chunk(2, dim=-1)
+            out = self.down_proj(F.silu(gate) * up)
+        return out if self.tp is None else self.tp.group.all_reduce(out)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype, device: torch.device, tp: TensorParallel | None = None
+    ) -> None:
         super().__init__()
         kw = dict(dtype=dtype, device=device)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **kw)
-        self.self_attn = Attention(cfg, layer_id, dtype, device)
+        self.self_attn = Attention(cfg, layer_id, dtype, device, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **kw)
-        self.mlp = MLP(cfg, dtype, device)
+        self.mlp = MLP(cfg, dtype, device, tp)
 
     def forward(self, h, residual, cos_sin, backend):
         """(h, residual) -> (h, residual): the residual stream is added lazily by the next norm."""
@@ -96,12 +114,33 @@ class DecoderLayer(nn.Module):
         return self.mlp(h), residual
 
 
-class DecoderModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
+class VocabParallelEmbedding(nn.Module):
+    """This rank's rows of the embedding table; ids outside them look up zeros, and the
+    all-reduce adds the one rank's row that holds each id."""
+
+    def __init__(self, hidden_size: int, dtype: torch.dtype, device: torch.device, tp: TensorParallel) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device)
-        self.embed_tokens.weight.requires_grad_(False)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, dtype, device) for i in range(cfg.num_layers))
+        self.tp, self.start = tp, tp.plan.vocab.start
+        self.weight = nn.Parameter(
+            torch.empty((len(tp.plan.vocab), hidden_size), dtype=dtype, device=device), requires_grad=False
+        )
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        local = input_ids - self.start
+        outside = (local < 0) | (local >= self.weight.shape[0])
+        h = F.embedding(local.masked_fill(outside, 0), self.weight)
+        return self.tp.group.all_reduce(h.masked_fill_(outside[:, None], 0))
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, tp: TensorParallel | None = None) -> None:
+        super().__init__()
+        if tp is None:
+            self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device)
+            self.embed_tokens.weight.requires_grad_(False)
+        else:
+            self.embed_tokens = VocabParallelEmbedding(cfg.hidden_size, dtype, device, tp)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, dtype, device, tp) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype, device=device)
         self.rotary = RotaryEmbedding(
             cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling, dtype, device
@@ -131,11 +170,17 @@ class CausalLM(nn.Module):
 
     architectures: tuple[str, ...] = ()  # the HF `architectures` names a subclass serves
 
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self, config: ModelConfig, dtype: torch.dtype, device: torch.device, tp: TensorParallel | None = None
+    ) -> None:
         super().__init__()
+        # `config` is the whole model's; `self.config` the shapes this rank holds (the same without tp).
+        self.global_config, self.tp = config, tp
+        config = config if tp is None else tp.plan.local_config(config)
         self.config, self.dtype, self.device = config, dtype, device
-        self.model = DecoderModel(config, dtype, device)
-        self.lm_head = Linear(config.hidden_size, config.vocab_size, dtype=dtype, device=device)
+        self.model = DecoderModel(config, dtype, device, tp)
+        head_rows = config.vocab_size if tp is None else len(tp.plan.vocab)
+        self.lm_head = Linear(config.hidden_size, head_rows, dtype=dtype, device=device)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.is_packed = False
@@ -156,7 +201,14 @@ class CausalLM(nn.Module):
         rounding-level changes elsewhere). So the REFINED_TOP largest logits of each row are
         recomputed with fp32 accumulation and kept in fp32: greedy choices and the chosen
         tokens' log-probs follow the fp32 projection, for a top-k and a [N, k, hidden] product.
+
+        With tp each rank refines the top of its own vocabulary slice (a superset of the global
+        top), and the slices are gathered on every rank.
         """
+        logits = self._local_logits(hidden)
+        return logits if self.tp is None else self.tp.gather_vocab(logits, self.global_config.vocab_size)
+
+    def _local_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(hidden).float()
         weight = self.head_weight if self.head_weight is not None else self.lm_head.weight
         if hidden.dtype == torch.float32 or weight is None:
@@ -196,9 +248,10 @@ class CausalLM(nn.Module):
                 module.pack()
         self.is_packed = True
 
-    def shard_sizes(self, param_name: str) -> list[int] | None:
-        """Rows of each stacked shard of a fused parameter (qkv_proj, gate_up_proj); None otherwise."""
-        c = self.config
+    def shard_sizes(self, param_name: str, whole: bool = False) -> list[int] | None:
+        """Rows of each stacked shard of a fused parameter (qkv_proj, gate_up_proj) on this rank
+        (`whole`: in the whole model); None for other parameters."""
+        c = self.global_config if whole else self.config
         module = param_name.split(".")[-2] if "." in param_name else ""
         if module == "qkv_proj":
             return [c.q_size, c.kv_size, c.kv_size]
@@ -220,8 +273,20 @@ class CausalLM(nn.Module):
                 continue
             target, shard = self._target(name, params)
             loaded.setdefault(target, set()).add(shard)
-            _copy_checked(name, target, tensor, self._shard_view(params[target], target, shard))
+            part = tensor if self.tp is None else self.tp.plan.slice_param(target, shard, tensor)
+            _copy_checked(name, target, part, self._shard_view(params[target], target, shard))
         self._check_all_loaded(params, loaded)
+
+    @torch.no_grad()
+    def fill_param(self, name: str, whole: torch.Tensor) -> None:
+        """Set our parameter `name` from its whole-model value (dummy weights: drawn once at the
+        whole model's shapes, so every tp_size gets the same model)."""
+        param = dict(self.named_parameters())[name]
+        sizes = self.shard_sizes(name, whole=True)
+        shards = [whole] if sizes is None else list(whole.split(sizes, dim=0))
+        for shard, full in enumerate(shards):
+            part = full if self.tp is None else self.tp.plan.slice_param(name, shard, full)
+            self._shard_view(param, name, shard).copy_(part)
 
     def _target(self, name: str, params: dict[str, nn.Parameter]) -> tuple[str, int]:
         """(our parameter name, shard index) for one HF tensor name."""

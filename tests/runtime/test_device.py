@@ -151,3 +151,24 @@ def test_avx2_branch_runs_in_emulation():
     )
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     assert " passed" in run.stdout and "skipped" not in run.stdout
+
+
+def test_threads_are_shared_out_among_cpu_ranks() -> None:
+    from runtime.config import ServerConfig
+    from runtime.device import threads_per_rank
+
+    cores = os.cpu_count() or 1
+    assert threads_per_rank(ServerConfig(device="cpu")) is None  # torch's default: every core
+    assert threads_per_rank(ServerConfig(device="cpu", tp_size=2)) == max(1, cores // 2)
+    assert threads_per_rank(ServerConfig(device="cpu", tp_size=2, num_threads=3)) == 3
+    assert threads_per_rank(ServerConfig(device="cuda", tp_size=2)) is None
+
+
+def test_resolve_refuses_a_split_the_model_cannot_take(default_model_path: str) -> None:
+    from runtime.config import ServerConfig
+    from runtime.errors import InvalidRequest
+    from runtime.model_setup import resolve_config
+
+    with pytest.raises(InvalidRequest) as err:  # the default model has 9 attention heads
+        resolve_config(ServerConfig(model_path=default_model_path, device="cpu", tp_size=16))
+    assert err.value.param == "tp_size" and "9 attention heads" in str(err.value)

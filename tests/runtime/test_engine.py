@@ -145,3 +145,39 @@ def test_killed_scheduler_fails_pending_calls() -> None:
         assert errors and isinstance(errors[0], RuntimeCrashed)
         with pytest.raises(RuntimeCrashed):
             doomed.generate("hello", {"max_new_tokens": 2})
+
+
+def test_two_tensor_parallel_ranks_match_hf_then_die_together(chat_ids, hf_reference) -> None:
+    """tp_size 2 (gloo, a thread per rank): the same greedy answers, alone and batched; then
+    killing rank 1 fails the calls in flight, rank 0 exits on its own, and later calls fail."""
+    for tp in _engine(tp_size=2):
+        assert tp._runtime.processes.keys() == {"scheduler", "detokenizer", "tp-rank-1"}
+        batched = _ids(tp.generate(input_ids=chat_ids, sampling_params=GREEDY))
+        for got, expected in zip(batched, hf_reference):
+            assert got[: len(expected)] == expected
+        alone = tp.generate(input_ids=chat_ids[0], sampling_params=GREEDY)["output_ids"]
+        assert alone == batched[0]
+        assert_idle_and_sound(tp)
+
+        errors: list[BaseException] = []
+
+        def call(i: int) -> None:
+            try:
+                tp.generate(f"Count to one thousand, {i}:", {"max_new_tokens": 4000, "ignore_eos": True})
+            except BaseException as exc:  # noqa: BLE001 - the test inspects it
+                errors.append(exc)
+
+        workers = [threading.Thread(target=call, args=(i,)) for i in range(3)]
+        for w in workers:
+            w.start()
+        time.sleep(1.0)
+        os.kill(tp._runtime.processes["tp-rank-1"].pid, signal.SIGKILL)
+        for w in workers:
+            w.join(timeout=10)
+            assert not w.is_alive(), "generate did not return after a rank died"
+        assert len(errors) == 3 and all(isinstance(e, RuntimeCrashed) for e in errors), errors
+        rank0 = tp._runtime.processes["scheduler"]
+        rank0.join(timeout=30)  # its next collective fails: the rank does not outlive its peer
+        assert rank0.exitcode not in (None, 0)
+        with pytest.raises(RuntimeCrashed):
+            tp.generate("hello", {"max_new_tokens": 2})

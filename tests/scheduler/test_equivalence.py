@@ -80,3 +80,28 @@ def test_same_tokens_with_eviction_and_retraction(default_model_path, overlap, p
     assert sched.retractions > 0
     assert sched.cache.evicted_tokens > 0  # the pool was small enough to evict cached prefixes
     assert sched.mixed_steps > 0  # re-admitted requests prefilled beside running decodes
+
+
+TP_GRID = [(False, True, 32, 1, True), (True, False, -1, 16, False)]
+
+
+@pytest.mark.parametrize("overlap,radix,chunk,page,mixed", TP_GRID,
+                         ids=[f"tp2-ov{o}-rx{r}-ch{c}-pg{p}-mx{m}" for o, r, c, p, m in TP_GRID])
+def test_same_tokens_with_two_tensor_parallel_ranks(default_model_path, baseline, overlap, radix, chunk, page,
+                                                    mixed) -> None:
+    """Rank 0's scheduler in this process leading a real rank-1 process (gloo, a thread each)."""
+    from runtime.config import ServerConfig
+    from runtime.model_setup import resolve_config
+    from tests.runtime.tp_harness import tp_scheduler
+    from tests.scheduler.harness import FakeIO
+
+    config = resolve_config(ServerConfig(
+        model_path=default_model_path, device="cpu", dtype="float32", tp_size=2, max_total_tokens=8192,
+        max_running_requests=16, disable_overlap_schedule=not overlap, disable_radix_cache=not radix,
+        chunked_prefill_size=chunk, page_size=page, enable_mixed_chunk=mixed))
+    io = FakeIO()
+    with tp_scheduler(config, io) as sched:
+        for i, (prompt, params) in enumerate(prompts()):
+            submit(io, f"e{i}", prompt, ignore_eos=False, **params)
+        results = {rid: (r["ids"], r["finish"]) for rid, r in run_until_idle(sched, io).items()}
+    assert results == baseline
