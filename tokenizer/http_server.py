@@ -3,7 +3,7 @@
     radixserve serve --port 30000 ...        (or: python -m tokenizer.http_server --port 30000)
 
 Native (SGLang):  POST /generate, GET /health, GET /health_generate, GET /get_model_info,
-                  GET /get_server_info, POST /flush_cache, POST /abort_request, GET /metrics
+                  GET /get_server_info, GET /get_load, POST /flush_cache, POST /abort_request, GET /metrics
 OpenAI:           GET /v1/models, POST /v1/completions, POST /v1/chat/completions
 
 Every generating route goes through `streaming.run_generation` (validation, SSE, abort on
@@ -46,6 +46,7 @@ def create_app(server: ServerState) -> web.Application:
         web.get("/health", health), web.get("/health_generate", health_generate),
         web.get("/get_model_info", get_model_info), web.get("/get_server_info", get_server_info),
         web.get("/model_info", get_model_info), web.get("/server_info", get_server_info),  # SGLang's newer names
+        web.get("/get_load", get_load),  # sglang-router's load monitor reads it
         web.post("/flush_cache", flush_cache),
         web.post("/abort_request", abort_request), web.get("/metrics", metrics),
         web.get("/v1/models", list_models), web.post("/v1/completions", completions),
@@ -145,6 +146,10 @@ async def get_model_info(request: web.Request) -> web.StreamResponse:
 
 async def get_server_info(request: web.Request) -> web.StreamResponse:
     return json_response(await native_api.server_info(request.app[SERVER]))
+
+
+async def get_load(request: web.Request) -> web.StreamResponse:
+    return json_response(await native_api.load(request.app[SERVER]))
 
 
 async def flush_cache(request: web.Request) -> web.StreamResponse:

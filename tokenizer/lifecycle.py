@@ -27,6 +27,19 @@ from tokenizer.server_state import Phase, ServerState
 
 logger = logging.getLogger("radixserve.server")
 
+
+class Http2ProbeFilter(logging.Filter):
+    """Drops aiohttp's error record (with a traceback) for a connection that opens with the
+    HTTP/2 preface "PRI * HTTP/2.0": sglang-router probes every worker for gRPC that way before
+    it speaks HTTP/1.1, a few times per worker at its start. The client still gets its 400, and
+    every other malformed request is still logged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from aiohttp.http_exceptions import BadHttpMessage
+
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (isinstance(exc, BadHttpMessage) and "PRI/Upgrade" in str(exc))
+
 HANDLER_GRACE_S = 5.0  # after the drain: how long handlers get to send their last bytes
 AppFactory = Callable[[ServerState], web.Application]
 
@@ -60,6 +73,7 @@ class ServerProcess:
 
     async def run(self) -> int:
         debug = self.config.log_level == "debug"
+        logging.getLogger("aiohttp.server").addFilter(Http2ProbeFilter())
         runner = web.AppRunner(
             self.app_factory(self.server), handler_cancellation=True,
             access_log=logging.getLogger("aiohttp.access") if debug else None,

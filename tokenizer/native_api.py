@@ -92,6 +92,20 @@ async def server_info(server: ServerState) -> dict[str, Any]:
     return info
 
 
+async def load(server: ServerState) -> list[dict[str, Any]]:
+    """/get_load: SGLang's per-data-parallel-rank load, which sglang-router's load monitor reads
+    (one rank here). num_tokens counts the KV slots requests hold (cached prefixes nobody uses
+    are free to evict, so they are not load)."""
+    state = await server.manager().get_state()
+    held = state["kv_total"] - state["kv_available"] - state["kv_evictable"]
+    return [{
+        "dp_rank": 0,
+        "num_reqs": state["running"] + state["waiting"],
+        "num_waiting_reqs": state["waiting"],
+        "num_tokens": held,
+    }]
+
+
 async def abort_request(server: ServerState, body: Any) -> dict[str, Any]:
     """/abort_request: `{"rid": str}` (a prefix: n>1 children go too) or `{"abort_all": true}`."""
     if not isinstance(body, dict):

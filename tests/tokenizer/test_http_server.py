@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import os
 import signal
+import socket
 import threading
 from collections.abc import Iterator
 
@@ -131,6 +133,25 @@ def test_native_info_routes(server: RunningServer) -> None:
     assert "api_key" not in server_info and server_info["internal_states"][0]["integrity"] == "ok"
     assert requests.get(server.url + "/health_generate", timeout=30).status_code == 200
     assert requests.post(server.url + "/flush_cache", timeout=30).text == "Cache flushed."
+    # sglang-router's load monitor: one data-parallel rank, idle.
+    load = requests.get(server.url + "/get_load", timeout=10).json()
+    assert load == [{"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0}]
+
+
+def test_http2_probes_get_a_400_and_no_error_log(server: RunningServer) -> None:
+    """sglang-router opens each worker with an HTTP/2 preface (a gRPC probe) before HTTP/1.1."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        assert sock.recv(64).startswith(b"HTTP/1.0 400")
+    from aiohttp.http_exceptions import BadHttpMessage
+
+    from tokenizer.lifecycle import Http2ProbeFilter
+
+    probe = logging.LogRecord("aiohttp.server", logging.ERROR, "", 0, "Error handling request", None,
+                              (BadHttpMessage, BadHttpMessage("Pause on PRI/Upgrade:"), None))
+    other = logging.LogRecord("aiohttp.server", logging.ERROR, "", 0, "Error handling request", None,
+                              (BadHttpMessage, BadHttpMessage("Invalid method"), None))
+    assert not Http2ProbeFilter().filter(probe) and Http2ProbeFilter().filter(other)
 
 
 def _stream_then_disconnect(server: RunningServer, path: str, body: dict) -> None:
