@@ -7,6 +7,8 @@ time, so tests can set a variable with `monkeypatch.setenv` and see it take effe
 |-------------------------|------|-----------------------|------------------------------------------|
 | `RADIXSERVE_CACHE_DIR`  | path | `~/.cache/radixserve` | where converted models and caches live   |
 | `RADIXSERVE_CPU_CAPABILITY` | `auto`, `avx2`, `avx512`, `avx512_bf16`, `amx` | `auto` | override what `runtime.device` reads of the CPU (dtype and prepacking choices) |
+| `RADIXSERVE_CPU_KERNELS` | bool | `1` | use our C++ CPU kernels when built (0: torch ops only) |
+| `RADIXSERVE_TP_SHM`     | bool | `1` | CPU tensor parallelism: collectives through shared memory (0: gloo only) |
 """
 
 from __future__ import annotations

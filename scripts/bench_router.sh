@@ -3,8 +3,9 @@
 #            [--replica-args "FLAGS"] [-- BENCH_SERVING_FLAGS...]
 #
 # scripts/bench_serving.py through sglang-router (scripts/serve_replicas.sh) in front of one
-# radixserve replica, then in front of two, on the same shared-prefix workload; prints each run
-# and the ratios (two replicas / one), and writes results/bench_router-<date>[-quick].json with
+# radixserve replica, then against that replica directly (the router's overhead), then through
+# the router in front of two, on the same shared-prefix workload; prints each run and the
+# ratios (two replicas / one, router / direct), and writes results/bench_router-<date>[-quick].json with
 # both reports, the commands and the versions.
 #
 #   --quick           smoke test: 4 requests (2 groups of 2, 64-token system prompts, 4 tokens out)
@@ -91,6 +92,12 @@ bench_with() {  # bench_with N: serve N replicas behind the router, run the work
     say "running bench_serving.py through the router: ${WORKLOAD[*]}"
     "$VPY" "$ROOT/scripts/bench_serving.py" --base-url "http://127.0.0.1:$PORT" \
         --output-file "$OUT/bench-$n.jsonl" --disable-tqdm "${WORKLOAD[@]}"
+    if [[ "$n" == 1 ]]; then  # the same replica without the router: the router's overhead
+        curl -sf -X POST "http://127.0.0.1:$((PORT + 1))/flush_cache" >/dev/null
+        say "running bench_serving.py against the replica directly"
+        "$VPY" "$ROOT/scripts/bench_serving.py" --base-url "http://127.0.0.1:$((PORT + 1))" \
+            --output-file "$OUT/bench-direct.jsonl" --disable-tqdm "${WORKLOAD[@]}"
+    fi
     stop_serving
 }
 
@@ -102,25 +109,27 @@ import json, subprocess, sys, time
 from importlib.metadata import version
 out, dest, policy, ncpu, workload = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
 runs = {}
-for n in ("1", "2"):
+for n in ("direct", "1", "2"):
     with open(f"{out}/bench-{n}.jsonl") as fh:
         runs[n] = json.loads(fh.readlines()[-1])
-    with open(f"{out}/replica_args-{n}.txt") as fh:
+    with open(f"{out}/replica_args-{'1' if n == 'direct' else n}.txt") as fh:
         runs[n]["replica_args"] = fh.read().split()
 keys = ("output_throughput", "request_throughput", "mean_ttft_ms", "median_ttft_ms",
         "mean_tpot_ms", "mean_e2e_latency_ms", "cache_hit_rate")
 ratio = {k: runs["2"][k] / runs["1"][k] if runs["1"][k] else None for k in keys}
+overhead = {k: runs["1"][k] / runs["direct"][k] if runs["direct"][k] else None for k in keys}
 commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
 report = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "git_commit": commit, "cpus": int(ncpu),
           "policy": policy, "workload": workload,
           "versions": {name: version(name) for name in ("sglang-router", "radixserve")},
-          "runs": runs, "ratio_two_over_one": ratio}
+          "runs": runs, "ratio_two_over_one": ratio, "ratio_router_over_direct": overhead}
 with open(dest, "w") as fh:
     json.dump(report, fh, indent=2)
-print(f"\n{'':24}{'1 replica':>12}{'2 replicas':>12}{'ratio':>8}")
+fmt = lambda r: "-" if r is None else f"{r:.2f}"
+print(f"\n{'':24}{'direct':>10}{'router+1':>10}{'router+2':>10}{'2 / 1':>8}{'1 / direct':>12}")
 for k in keys:
-    r = "-" if ratio[k] is None else f"{ratio[k]:.2f}"
-    print(f"{k:24}{runs['1'][k]:12.2f}{runs['2'][k]:12.2f}{r:>8}")
-print(f"completed/failed: {runs['1']['completed']}/{runs['1']['failed']} and "
-      f"{runs['2']['completed']}/{runs['2']['failed']}\nresults: {dest}")
+    print(f"{k:24}{runs['direct'][k]:10.2f}{runs['1'][k]:10.2f}{runs['2'][k]:10.2f}"
+          f"{fmt(ratio[k]):>8}{fmt(overhead[k]):>12}")
+print("completed/failed: " + ", ".join(f"{n} {runs[n]['completed']}/{runs[n]['failed']}" for n in runs)
+      + f"\nresults: {dest}")
 EOF

@@ -9,8 +9,8 @@
 #
 #   -n N              replicas (default 2), on ports PORT+1 .. PORT+N
 #   --port PORT       the router's port (default 30000); its Prometheus exporter gets PORT+N+1
-#   --policy POLICY   the router's policy: cache_aware (default), round_robin, random
-#                     (power_of_two polls /get_load, which radixserve does not serve)
+#   --policy POLICY   the router's policy: cache_aware (default), round_robin, random,
+#                     power_of_two (reads each replica's GET /get_load)
 #   --host HOST       where the replicas and the router listen (default 127.0.0.1)
 #   --log-dir DIR     one log per replica and one for the router (default: a new temporary folder)
 #   --router-args S   more launch_router flags, split on whitespace

@@ -1,6 +1,7 @@
-"""Tensor parallelism on CPU (gloo, one thread per rank) against one rank, on the default model
-in fp32: the logits after a prefill and 8 greedy decode steps agree within 1e-4 relative, and
-the ranks stay in step across batches of two requests."""
+"""Tensor parallelism on CPU (one thread per rank; collectives through shared memory, and through
+gloo alone) against one rank, on the default model in fp32: the logits after a prefill and 8
+greedy decode steps agree within 1e-4 relative, and the ranks stay in step across batches of
+two requests."""
 
 from __future__ import annotations
 
@@ -50,9 +51,13 @@ def one_rank(default_model_path: str) -> list[torch.Tensor]:
     return greedy_logits(ModelRunner(load_model_for_serving(config(default_model_path, 1))))
 
 
-def test_two_ranks_match_one(default_model_path: str, one_rank: list[torch.Tensor]) -> None:
+@pytest.mark.parametrize("transport", ["shm", "gloo"])
+def test_two_ranks_match_one(default_model_path: str, one_rank: list[torch.Tensor], transport: str,
+                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RADIXSERVE_TP_SHM", "1" if transport == "shm" else "0")  # the follower inherits it
     with tp_runner(config(default_model_path, 2)) as runner:
         assert runner.tp is not None and runner.kv_pool.k[0].shape[1] == 2  # 3 KV heads: 2 + 1
+        assert (runner.tp.group.shm is not None) == (transport == "shm")
         two_ranks = greedy_logits(runner)
     for step, (want, got) in enumerate(zip(one_rank, two_ranks)):
         scale = want.abs().max()
