@@ -320,8 +320,10 @@ def _runtime_children(pid: int) -> list[int]:
     out = []
     for child in children:
         with open(f"/proc/{child}/cmdline", "rb") as fh:
-            if b"spawn_main" in fh.read():
-                out.append(child)
+            cmdline = fh.read()
+        # Retitled "radixserve::<name>" where setproctitle is installed (the router extra brings it).
+        if b"spawn_main" in cmdline or cmdline.startswith(b"radixserve::"):
+            out.append(child)
     return out
 
 
