@@ -10,6 +10,10 @@ tokenizer, no model limits; every rejection is an `InvalidRequest` naming the fi
     return_text_in_logprobs   bool                         default False
     stream                    bool                         default False
     timeout                   number > 0 (seconds)         default --request-timeout (none)
+    extra_key                 str (<= 1024 chars)          the prefix-cache namespace (SGLang's name):
+                                                           requests with different keys never share
+                                                           cached KV, so one tenant's hits and timing
+                                                           say nothing of another's prompts
 
 Unknown keys are ignored, as SGLang does. A JSON null means "the default".
 """
@@ -39,6 +43,7 @@ class SingleRequest:
     return_text_in_logprobs: bool = False
     stream: bool = False
     timeout: float | None = None  # seconds from arrival; past it the request is aborted
+    extra_key: str | None = None  # prefix-cache namespace (tenant isolation)
 
     @property
     def prompt_field(self) -> str:
@@ -71,6 +76,7 @@ def normalize_generate(body: Any) -> NormalizedGenerate:
     text_in_lp = _scalar(body, "return_text_in_logprobs", False)
     stream = _scalar(body, "stream", False)
     timeout = _timeout(body.get("timeout"))
+    extra_key = cache_namespace(body.get("extra_key"), "extra_key")
     requests = [
         SingleRequest(
             rid=rids[i],
@@ -83,6 +89,7 @@ def normalize_generate(body: Any) -> NormalizedGenerate:
             return_text_in_logprobs=text_in_lp,
             stream=stream,
             timeout=timeout,
+            extra_key=extra_key,
         )
         for i in range(n)
     ]
@@ -174,6 +181,20 @@ def _per_item(
         if not ok(v):
             raise InvalidRequest(f"{name} must be {what}, got {v!r}", param=name)
     return list(values)
+
+
+MAX_CACHE_KEY_CHARS = 1024
+
+
+def cache_namespace(value: Any, field_name: str) -> str | None:
+    """A prefix-cache namespace (`extra_key`, OpenAI's `cache_salt`): a non-empty string, or None."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise InvalidRequest(f"{field_name} must be a non-empty string", param=field_name)
+    if len(value) > MAX_CACHE_KEY_CHARS:
+        raise InvalidRequest(f"{field_name} must be at most {MAX_CACHE_KEY_CHARS} characters", param=field_name)
+    return value
 
 
 def _timeout(value: Any) -> float | None:

@@ -171,7 +171,7 @@ class TokenizerManager:
             rid=single.rid, input_ids=list(ids), deadline=None if timeout is None else time.time() + timeout,
             sampling_params=dataclasses.replace(params, n=1),
             return_logprob=single.return_logprob, logprob_start_len=single.logprob_start_len,
-            top_logprobs_num=single.top_logprobs_num, stream=single.stream,
+            top_logprobs_num=single.top_logprobs_num, stream=single.stream, extra_key=single.extra_key,
         )
         return _Prepared(req, single, params.n)
 

@@ -109,6 +109,28 @@ def test_cached_tokens_on_a_repeated_long_prompt(client: openai.OpenAI) -> None:
     assert first.choices[0].text == second.choices[0].text
 
 
+def test_cache_salts_keep_tenants_apart(client: openai.OpenAI, server: RunningServer) -> None:
+    """OpenAI `cache_salt` / `extra_key` and the native `extra_key` name one namespace each:
+    a prompt cached under one salt is not a hit under another, nor without one."""
+    prompt = "Tenant notes: the quarterly figures " + "are confidential and stay in house " * 30
+
+    def cached(**extra: str) -> int:
+        out = client.completions.create(model="smol", prompt=prompt, max_tokens=1, temperature=0,
+                                        extra_body=extra or None)
+        return out.usage.prompt_tokens_details.cached_tokens
+
+    assert cached(cache_salt="tenant-a") == 0
+    assert cached(cache_salt="tenant-a") > 100  # the same tenant hits its own prefix
+    assert cached(cache_salt="tenant-b") == 0 and cached() == 0
+    assert cached(extra_key="tenant-a") > 100  # SGLang's name for the same namespace
+    native = requests.post(server.url + "/generate", timeout=60, json={
+        "text": prompt, "extra_key": "tenant-c", "sampling_params": {"max_new_tokens": 1}}).json()
+    assert native["meta_info"]["cached_tokens"] == 0
+    bad = requests.post(server.url + "/v1/completions", timeout=60,
+                        json={"model": "smol", "prompt": "x", "cache_salt": 7})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "cache_salt"
+
+
 def test_native_generate_stream_batch_and_logprobs(server: RunningServer) -> None:
     body = {"text": "The capital of France is", "sampling_params": {"max_new_tokens": 8, **GREEDY}}
     full = post(server, "/generate", body).json()

@@ -50,6 +50,12 @@ def test_input_ids_single_and_batch_with_per_item_fields() -> None:
     assert all(r.return_text_in_logprobs for r in reqs)
 
 
+def test_extra_key_names_every_prompt_of_the_batch() -> None:
+    reqs, _ = normalize_generate({"text": ["a", "b"], "extra_key": "tenant-1"})
+    assert [r.extra_key for r in reqs] == ["tenant-1", "tenant-1"]
+    assert normalize_generate({"text": "a"}).requests[0].extra_key is None
+
+
 def test_nulls_mean_defaults() -> None:
     body = {"text": "a", "input_ids": None, "sampling_params": None, "rid": None,
             "return_logprob": None, "logprob_start_len": None, "stream": None}
@@ -77,6 +83,9 @@ def test_nulls_mean_defaults() -> None:
     ({"text": ["a", "b"], "sampling_params": [{}]}, "sampling_params"),
     ({"text": "a", "rid": ""}, "rid"),
     ({"text": "a", "rid": 5}, "rid"),
+    ({"text": "a", "extra_key": ""}, "extra_key"),
+    ({"text": "a", "extra_key": ["t"]}, "extra_key"),
+    ({"text": "a", "extra_key": "k" * 1025}, "extra_key"),
     ({"text": ["a", "b"], "rid": ["x"]}, "rid"),
     ({"text": ["a", "b"], "rid": ["x", "x"]}, "rid"),
     ({"text": "a", "return_logprob": "yes"}, "return_logprob"),

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.errors import InvalidRequest
+from tokenizer.generate_body import cache_namespace
 from tokenizer.openai.constraints import (
     GRAMMAR_FIELDS, ToolPlan, chat_constraints, check_history_calls,
 )
@@ -47,7 +48,7 @@ NEUTRAL_EXTENSIONS: dict[str, tuple[bool, ...] | None] = {
     "separate_reasoning": None,  # no reasoning parser here: nothing to separate or stream
     "stream_reasoning": None,
 }
-COMMON = {"model", "max_tokens", "stream", "stream_options", "logprobs", "rid", "timeout",
+COMMON = {"model", "max_tokens", "stream", "stream_options", "logprobs", "rid", "timeout", "cache_salt", "extra_key",
           *SAMPLING_FIELDS, *GRAMMAR_FIELDS, *IGNORED}
 COMPLETION_FIELDS = COMMON | {"prompt", "echo", "suffix", "best_of"}
 CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "top_logprobs", "response_format",
@@ -168,10 +169,22 @@ def _plan(kind: str, req: dict[str, Any], model: str, **fields: Any) -> OpenAIPl
     fields["body"]["rid"] = rid
     if req.get("timeout") is not None:  # checked with the native body's (seconds > 0)
         fields["body"]["timeout"] = req["timeout"]
+    namespace = cache_key(req)
+    if namespace is not None:
+        fields["body"]["extra_key"] = namespace
     n = req.get("n") if _is_int(req.get("n")) else 1
     prefix = "cmpl-" if kind == "completion" else "chatcmpl-"
     return OpenAIPlan(kind=kind, id=prefix + rid, created=int(time.time()), model=model, n=n,
                       **fields)
+
+
+def cache_key(req: dict[str, Any]) -> str | None:
+    """The prefix-cache namespace of an OpenAI request: vLLM's `cache_salt` or SGLang's
+    `extra_key` (the same namespace as the native body's `extra_key`); both given, joined by a
+    NUL so that ("a", "bc") and ("ab", "c") stay apart."""
+    parts = [cache_namespace(req.get(name), name) for name in ("cache_salt", "extra_key")]
+    given = [p for p in parts if p is not None]
+    return "\x00".join(given) if given else None
 
 
 # ---------------------------------------------------------------- completions
