@@ -68,6 +68,7 @@ class DetokenizerManager:
             input_logprobs=out.input_logprobs,
             input_top_logprobs=out.input_top_logprobs,
             input_ids_for_logprobs=out.input_ids_for_logprobs,
+            queue_times=out.queue_times,
         )
 
     def _new_options(self, out: BatchTokenOut) -> list[DecodeOptions | None]:

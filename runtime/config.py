@@ -67,6 +67,15 @@ class ServerConfig:
     chunked_prefill_size: int | None = _opt(None, "longest prompt chunk per step (-1 disables chunking); default: 2048 on CUDA, 512 on CPU")
     page_size: int = _opt(1, "tokens per KV page")
     schedule_policy: str = _opt("fcfs", "order of the waiting queue", ("fcfs", "lpm", "dfs-weight"))
+    enable_priority_scheduling: bool = _opt(
+        False, "order the waiting queue by each request's `priority` (larger first), then by the policy, and let "
+        "an urgent arrival preempt less urgent running requests (retracted, they resume later)")
+    schedule_low_priority_values_first: bool = _opt(False, "with priority scheduling: smaller `priority` values first")
+    priority_scheduling_preemption_threshold: int = _opt(
+        10, "with priority scheduling: how much more urgent an arrival must be to preempt a running request")
+    priority_aging_timeout: float = _opt(
+        30.0, "with priority scheduling: seconds after which a waiting request goes ahead of every priority, "
+        "so none starves; 0: never")
     disable_radix_cache: bool = _opt(False, "turn off prefix reuse across requests")
     disable_overlap_schedule: bool | None = _opt(
         None, "run the scheduler and the forward one after the other; default: overlap on CUDA only, "
@@ -112,6 +121,8 @@ class ServerConfig:
                 raise InvalidRequest(f"{name} must be >= 1", param=name)
         if self.request_timeout is not None and not self.request_timeout > 0:
             raise InvalidRequest("request_timeout must be > 0 seconds", param="request_timeout")
+        if not self.priority_aging_timeout >= 0:
+            raise InvalidRequest("priority_aging_timeout must be >= 0 seconds", param="priority_aging_timeout")
         if not self.watchdog_timeout >= 0:
             raise InvalidRequest("watchdog_timeout must be >= 0 seconds", param="watchdog_timeout")
         if not self.drain_timeout >= 0:

@@ -98,6 +98,8 @@ class Engine:
         return_text_in_logprobs: bool = False,
         stream: bool = False,
         rid: str | list[str] | None = None,
+        priority: int | None = None,
+        extra_key: str | None = None,
     ) -> GenerateOutput | Iterator[dict[str, Any]]:
         """Generate, with SGLang's /generate shapes (see `TokenizerManager.generate`).
 
@@ -113,7 +115,7 @@ class Engine:
             "rid": rid, "return_logprob": return_logprob, "logprob_start_len": logprob_start_len,
             "top_logprobs_num": top_logprobs_num,
             "return_text_in_logprobs": return_text_in_logprobs,
-            "stream": stream,
+            "stream": stream, "priority": priority, "extra_key": extra_key,
         }
         results = self._call(self._open(body))
         if stream:

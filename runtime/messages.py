@@ -32,7 +32,7 @@ Finish reasons are SGLang's JSON shapes: `{"type": "stop", "matched": <token id 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeAlias, TypeVar
 
 from runtime.sampling import SamplingParams
@@ -81,6 +81,7 @@ class GenerateReq:
     extra_key: str | None = None
     prefill_only_cache: bool = False
     deadline: float | None = None  # wall-clock seconds (time.time()) after which it is aborted
+    priority: int = 0  # with --enable-priority-scheduling: larger is more urgent (see scheduler/priority.py)
 
 
 @message
@@ -173,6 +174,9 @@ class BatchTokenOut:
     input_logprobs: list[list[float | None] | None]
     input_top_logprobs: list[list[TopLogprobs | None] | None]
     input_ids_for_logprobs: list[list[int] | None]
+    # Seconds the request waited in the scheduler before its first forward, on its first
+    # message (None after, and for requests that never ran).
+    queue_times: list[float | None] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------- detokenizer -> main process
@@ -204,6 +208,7 @@ class BatchStrOut:
     input_logprobs: list[list[float | None] | None]
     input_top_logprobs: list[list[TopLogprobs | None] | None]
     input_ids_for_logprobs: list[list[int] | None]
+    queue_times: list[float | None] = field(default_factory=list)  # passed through unchanged
 
 
 # ---------------------------------------------------------------- control replies -> main process

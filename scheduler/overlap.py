@@ -86,6 +86,8 @@ class OverlapScheduler(Scheduler):
         next sampling needs the exact output `last` will produce."""
         if last.is_prefill or not self.decode_fits():  # retraction must see settled requests
             return False
+        if self.urgent_victims()[1]:  # so must a preemption
+            return False
         return not any(needs_history(r) or r.grammar is not None for r in self.running)
 
     def finish(self, pending: Pending) -> None:

@@ -41,6 +41,8 @@ class Req:
     extra_key: str | None = None
     stop_ids: frozenset[int] = frozenset()  # EOS + stop_token_ids (empty when ignore_eos)
     deadline: float | None = None  # wall-clock seconds; past it the scheduler aborts the request
+    priority: int = 0
+    preemptions: int = 0  # retractions for a more urgent request (scheduler/priority.py)
 
     state: ReqState = ReqState.WAITING
     output: list[int] = field(default_factory=list)
@@ -53,6 +55,7 @@ class Req:
     finish_reason: dict[str, Any] | None = None
     matched_stop_token: bool = False
     arrival: float = field(default_factory=time.monotonic)
+    admitted_at: float | None = None  # monotonic time of its first admission into a prefill
     # Constrained decoding: the compile in flight (while in the grammar queue), then the matcher.
     grammar_future: Any = None
     grammar: Any = None
@@ -81,6 +84,7 @@ class Req:
             extra_key=msg.extra_key,
             stop_ids=stop_ids,
             deadline=msg.deadline,
+            priority=msg.priority,
         )
 
     @property

@@ -10,6 +10,8 @@ tokenizer, no model limits; every rejection is an `InvalidRequest` naming the fi
     return_text_in_logprobs   bool                         default False
     stream                    bool                         default False
     timeout                   number > 0 (seconds)         default --request-timeout (none)
+    priority                  int                          with --enable-priority-scheduling (larger
+                                                           first); a 400 without it
     extra_key                 str (<= 1024 chars)          the prefix-cache namespace (SGLang's name):
                                                            requests with different keys never share
                                                            cached KV, so one tenant's hits and timing
@@ -44,6 +46,7 @@ class SingleRequest:
     stream: bool = False
     timeout: float | None = None  # seconds from arrival; past it the request is aborted
     extra_key: str | None = None  # prefix-cache namespace (tenant isolation)
+    priority: int | None = None
 
     @property
     def prompt_field(self) -> str:
@@ -77,6 +80,9 @@ def normalize_generate(body: Any) -> NormalizedGenerate:
     stream = _scalar(body, "stream", False)
     timeout = _timeout(body.get("timeout"))
     extra_key = cache_namespace(body.get("extra_key"), "extra_key")
+    priority = body.get("priority")
+    if priority is not None and not (_is_int(priority) and abs(priority) < 2**31):
+        raise InvalidRequest("priority must be an integer (32-bit)", param="priority")
     requests = [
         SingleRequest(
             rid=rids[i],
@@ -90,6 +96,7 @@ def normalize_generate(body: Any) -> NormalizedGenerate:
             stream=stream,
             timeout=timeout,
             extra_key=extra_key,
+            priority=priority,
         )
         for i in range(n)
     ]

@@ -167,11 +167,15 @@ class TokenizerManager:
         params = SamplingParams.from_dict(single.sampling_params)
         check_request(single, ids, params, self.limits)
         timeout = single.timeout or self.config.request_timeout
+        if single.priority is not None and not self.config.enable_priority_scheduling:
+            raise InvalidRequest("priority needs a server started with --enable-priority-scheduling",
+                                 param="priority")
         req = GenerateReq(
             rid=single.rid, input_ids=list(ids), deadline=None if timeout is None else time.time() + timeout,
             sampling_params=dataclasses.replace(params, n=1),
             return_logprob=single.return_logprob, logprob_start_len=single.logprob_start_len,
             top_logprobs_num=single.top_logprobs_num, stream=single.stream, extra_key=single.extra_key,
+            priority=single.priority or 0,
         )
         return _Prepared(req, single, params.n)
 

@@ -97,6 +97,7 @@ class ReqState:
     finished: bool = False
     finished_time: float | None = None
     first_token_time: float | None = None
+    queue_time: float | None = None  # seconds it waited in the scheduler before its first forward
     sent: bool = False
     error: str | None = None  # set by fail_all: the consumer raises RuntimeCrashed(error)
     input_token_logprobs: list[LogprobEntry] = field(default_factory=list)
@@ -136,6 +137,8 @@ def apply_output(state: ReqState, out: BatchStrOut, i: int, now: float, texts: T
     state.prompt_tokens = out.prompt_tokens[i]
     state.completion_tokens = out.completion_tokens[i]
     state.cached_tokens = out.cached_tokens[i]
+    if i < len(out.queue_times) and out.queue_times[i] is not None:
+        state.queue_time = out.queue_times[i]
     if state.req.return_logprob:
         _apply_logprobs(state, out, i, texts if state.return_text_in_logprobs else _no_texts)
     reason = out.finished_reasons[i]

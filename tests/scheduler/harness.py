@@ -41,7 +41,8 @@ def make(tiny_model: str, **overrides: Any):
 
 
 def submit(io: FakeIO, rid: str, prompt: list[int], **params: Any) -> None:
-    extra = {k: params.pop(k) for k in ("return_logprob", "logprob_start_len", "top_logprobs_num", "stream", "deadline")
+    extra = {k: params.pop(k) for k in ("return_logprob", "logprob_start_len", "top_logprobs_num", "stream", "deadline",
+                                         "priority", "extra_key")
              if k in params}
     sp = SamplingParams(**{"temperature": 0.0, "ignore_eos": True, **params})
     io.inbox.append(GenerateReq(rid, prompt, sp, **extra))

@@ -29,7 +29,8 @@ LONG = {"max_new_tokens": 1500, "ignore_eos": True}
 
 @pytest.fixture(scope="module")
 def server(default_model_path: str) -> Iterator[RunningServer]:
-    running = RunningServer.start(default_model_path, "--served-model-name", "smol", "--max-n", "4")
+    running = RunningServer.start(default_model_path, "--served-model-name", "smol", "--max-n", "4",
+                                  "--enable-priority-scheduling")
     yield running
     running.stop()
 
@@ -129,6 +130,25 @@ def test_cache_salts_keep_tenants_apart(client: openai.OpenAI, server: RunningSe
     bad = requests.post(server.url + "/v1/completions", timeout=60,
                         json={"model": "smol", "prompt": "x", "cache_salt": 7})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "cache_salt"
+
+
+def test_priorities_on_both_apis_and_their_metrics(client: openai.OpenAI, server: RunningServer) -> None:
+    """`priority` on /generate and the OpenAI routes (a 400 naming it when not an integer), and the
+    per-priority queue-time and TTFT histograms, read with prometheus_client's parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    chat = client.chat.completions.create(model="smol", messages=CHAT, max_tokens=3, extra_body={"priority": 7})
+    assert chat.usage.completion_tokens == 3
+    native = requests.post(server.url + "/generate", timeout=60, json={
+        "text": "Hi", "priority": -2, "sampling_params": {"max_new_tokens": 2}})
+    assert native.status_code == 200
+    bad = requests.post(server.url + "/generate", timeout=60, json={"text": "Hi", "priority": "high"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "priority"
+    families = {f.name: f for f in text_string_to_metric_families(requests.get(server.url + "/metrics").text)}
+    for name in ("radixserve:queue_time_seconds", "radixserve:priority_time_to_first_token_seconds"):
+        counts = {s.labels["priority"]: s.value for s in families[name].samples if s.name.endswith("_count")}
+        assert counts.get("7") == 1 and counts.get("-2") == 1, (name, counts)
+    assert "radixserve:num_preemptions" in families
 
 
 def test_native_generate_stream_batch_and_logprobs(server: RunningServer) -> None:

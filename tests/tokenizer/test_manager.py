@@ -196,6 +196,7 @@ def test_flush_cache_and_server_info(engine: Engine) -> None:
     ({"prompt": "ok", "return_logprob": True, "top_logprobs_num": 50}, "top_logprobs_num"),
     ({"input_ids": [1, 2], "logprob_start_len": 2}, "logprob_start_len"),
     ({"prompt": ["fine", "also fine"], "sampling_params": [{}, {"top_p": 0}]}, "top_p"),
+    ({"prompt": "ok", "priority": 3}, "priority"),  # without --enable-priority-scheduling
 ])
 def test_invalid_requests_raise_and_send_nothing(
     engine: Engine, kwargs: dict[str, Any], param: str

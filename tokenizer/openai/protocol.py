@@ -49,6 +49,7 @@ NEUTRAL_EXTENSIONS: dict[str, tuple[bool, ...] | None] = {
     "stream_reasoning": None,
 }
 COMMON = {"model", "max_tokens", "stream", "stream_options", "logprobs", "rid", "timeout", "cache_salt", "extra_key",
+          "priority",
           *SAMPLING_FIELDS, *GRAMMAR_FIELDS, *IGNORED}
 COMPLETION_FIELDS = COMMON | {"prompt", "echo", "suffix", "best_of"}
 CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "top_logprobs", "response_format",
@@ -169,6 +170,8 @@ def _plan(kind: str, req: dict[str, Any], model: str, **fields: Any) -> OpenAIPl
     fields["body"]["rid"] = rid
     if req.get("timeout") is not None:  # checked with the native body's (seconds > 0)
         fields["body"]["timeout"] = req["timeout"]
+    if req.get("priority") is not None:  # checked with the native body's
+        fields["body"]["priority"] = req["priority"]
     namespace = cache_key(req)
     if namespace is not None:
         fields["body"]["extra_key"] = namespace
