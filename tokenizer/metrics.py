@@ -8,10 +8,12 @@ Names follow SGLang's (`sglang:` becomes `radixserve:`), each with a `model_name
                 num_requests_total{finish_reason}, http_requests_total{method, route, status},
                 num_rejected_requests_total{reason} (admission control: queue_full)
     histograms  time_to_first_token_seconds, inter_token_latency_seconds,
-                e2e_request_latency_seconds, and per priority class (label `priority`, the
-                request's; 0 without priority scheduling): queue_time_seconds (waiting in the
-                scheduler before its first forward), priority_time_to_first_token_seconds
-    gauges from the scheduler's counters: num_retractions, num_preemptions
+                e2e_request_latency_seconds, queue_time_seconds (waiting in the scheduler
+                before the first forward), and per priority class (label `priority`, the
+                request's; 0 without priority scheduling): priority_queue_time_seconds,
+                priority_time_to_first_token_seconds
+    counters from the scheduler's totals: num_retracted_requests_total (SGLang's; KV pressure and
+                preemption), num_preempted_requests_total (for a more urgent request)
 
 Token counters and latencies come from the TokenizerManager's `on_output` hook
 (`observe_output`); the gauges from the scheduler's state (`update_state`) at each scrape and each
@@ -83,15 +85,20 @@ class ServerMetrics:
         self.itl = self._histogram("inter_token_latency_seconds", "Time per token after the first",
                                    ITL_BUCKETS)
         self.e2e = self._histogram("e2e_request_latency_seconds", "End-to-end latency", E2E_BUCKETS)
+        self.queue_time = self._histogram("queue_time_seconds", "Time waiting in the scheduler before the first "
+                                          "forward", TTFT_BUCKETS)
         by_priority = ["model_name", "priority"]
-        self._queue_time = Histogram(PREFIX + "queue_time_seconds", "Time waiting in the scheduler before the "
-                                     "first forward, by priority", by_priority, buckets=TTFT_BUCKETS,
-                                     registry=self.registry)
+        self._priority_queue_time = Histogram(PREFIX + "priority_queue_time_seconds", "Queue time by priority",
+                                              by_priority, buckets=TTFT_BUCKETS, registry=self.registry)
         self._priority_ttft = Histogram(PREFIX + "priority_time_to_first_token_seconds",
                                         "Time to first token by priority", by_priority, buckets=TTFT_BUCKETS,
                                         registry=self.registry)
-        self.retractions = self._gauge("num_retractions", "Requests retracted (KV pressure or preemption)")
-        self.preemptions = self._gauge("num_preemptions", "Requests retracted for a more urgent one")
+        # Totals the scheduler counts, turned into counters by their growth at each update_state().
+        self._scheduler_totals = {
+            "retractions": self._counter("num_retracted_requests", "Requests retracted (KV pressure or preemption)"),
+            "preemptions": self._counter("num_preempted_requests", "Requests retracted for a more urgent one"),
+        }
+        self._seen_totals = dict.fromkeys(self._scheduler_totals, 0)
         self._last_token_at: dict[str, tuple[ReqState, float]] = {}
         # NOTE: plain totals alongside the counters: prometheus_client has no public getter
         self.totals = {"generation": 0, "prompt": 0, "cached": 0}
@@ -138,7 +145,8 @@ class ServerMetrics:
                 priority = str(state.req.priority)
                 self._priority_ttft.labels(self.model_name, priority).observe(now - state.created)
                 if state.queue_time is not None:
-                    self._queue_time.labels(self.model_name, priority).observe(state.queue_time)
+                    self.queue_time.observe(state.queue_time)
+                    self._priority_queue_time.labels(self.model_name, priority).observe(state.queue_time)
             else:
                 gap = (now - last[1]) / new
                 for _ in range(new):
@@ -172,8 +180,11 @@ class ServerMetrics:
         self.queued.set(state.get("waiting", 0))
         self.used_tokens.set(kv_used(state))
         self.token_usage.set(kv_usage(state))
-        self.retractions.set(state.get("retractions", 0))
-        self.preemptions.set(state.get("preemptions", 0))
+        for key, counter in self._scheduler_totals.items():
+            total = state.get(key, 0)
+            if total > self._seen_totals[key]:
+                counter.inc(total - self._seen_totals[key])
+                self._seen_totals[key] = total
         prompt = self.totals["prompt"]
         self.cache_hit_rate.set(self.totals["cached"] / prompt if prompt else 0.0)
 

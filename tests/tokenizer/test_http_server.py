@@ -145,10 +145,12 @@ def test_priorities_on_both_apis_and_their_metrics(client: openai.OpenAI, server
     bad = requests.post(server.url + "/generate", timeout=60, json={"text": "Hi", "priority": "high"})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "priority"
     families = {f.name: f for f in text_string_to_metric_families(requests.get(server.url + "/metrics").text)}
-    for name in ("radixserve:queue_time_seconds", "radixserve:priority_time_to_first_token_seconds"):
+    for name in ("radixserve:priority_queue_time_seconds", "radixserve:priority_time_to_first_token_seconds"):
         counts = {s.labels["priority"]: s.value for s in families[name].samples if s.name.endswith("_count")}
         assert counts.get("7") == 1 and counts.get("-2") == 1, (name, counts)
-    assert "radixserve:num_preemptions" in families
+    assert families["radixserve:queue_time_seconds"].type == "histogram"
+    # prometheus_client's parser names a counter family without its _total suffix
+    assert {"radixserve:num_retracted_requests", "radixserve:num_preempted_requests"} <= set(families)
 
 
 def test_native_generate_stream_batch_and_logprobs(server: RunningServer) -> None:
