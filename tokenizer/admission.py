@@ -34,14 +34,18 @@ class PromptEncoder:
 
     async def encode(self, requests: list[SingleRequest]) -> list[list[int]]:
         """Each request's prompt ids (given ids as they are)."""
-        texts = [r.text or "" for r in requests if r.input_ids is None]
-        if sum(len(t) for t in texts) < OFFLOAD_TOKENIZE_CHARS:
-            encoded = [self.tokenizer.encode(t) for t in texts]
-        else:
-            loop = asyncio.get_running_loop()
-            encoded = await loop.run_in_executor(self.pool, lambda: [self.tokenizer.encode(t) for t in texts])
-        it = iter(encoded)
+        it = iter(await self.encode_texts([r.text or "" for r in requests if r.input_ids is None]))
         return [list(r.input_ids) if r.input_ids is not None else next(it) for r in requests]
+
+    async def encode_texts(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
+        """The ids of each text, as /generate encodes a prompt (and /tokenize counts it)."""
+
+        def run() -> list[list[int]]:
+            return [self.tokenizer.encode(t, add_special_tokens=add_special_tokens) for t in texts]
+
+        if sum(len(t) for t in texts) < OFFLOAD_TOKENIZE_CHARS:
+            return run()
+        return await asyncio.get_running_loop().run_in_executor(self.pool, run)
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)

@@ -3,7 +3,8 @@
     radixserve serve --port 30000 ...        (or: python -m tokenizer.http_server --port 30000)
 
 Native (SGLang):  POST /generate, GET /health, GET /health_generate, GET /get_model_info,
-                  GET /get_server_info, GET /get_load, POST /flush_cache, POST /abort_request, GET /metrics
+                  GET /get_server_info, GET /get_load, POST /flush_cache, POST /abort_request, GET /metrics,
+                  POST /tokenize, POST /detokenize (also under /v1/)
 OpenAI:           GET /v1/models, POST /v1/completions, POST /v1/chat/completions
 
 Every generating route goes through `streaming.run_generation` (validation, SSE, abort on
@@ -22,7 +23,7 @@ from aiohttp import web
 
 from runtime.config import ServerConfig
 from runtime.errors import InvalidRequest
-from tokenizer import native_api
+from tokenizer import native_api, token_routes
 from tokenizer.errors import HTTPError, Handler, auth_middleware, error_middleware, error_response
 from tokenizer.metrics import CONTENT_TYPE
 from tokenizer.openai import api as openai_api
@@ -47,6 +48,8 @@ def create_app(server: ServerState) -> web.Application:
         web.get("/get_model_info", get_model_info), web.get("/get_server_info", get_server_info),
         web.get("/model_info", get_model_info), web.get("/server_info", get_server_info),  # SGLang's newer names
         web.get("/get_load", get_load),  # sglang-router's load monitor reads it
+        web.post("/tokenize", tokenize), web.post("/detokenize", detokenize),
+        web.post("/v1/tokenize", tokenize), web.post("/v1/detokenize", detokenize),
         web.post("/flush_cache", flush_cache),
         web.post("/abort_request", abort_request), web.get("/metrics", metrics),
         web.get("/v1/models", list_models), web.post("/v1/completions", completions),
@@ -150,6 +153,14 @@ async def get_server_info(request: web.Request) -> web.StreamResponse:
 
 async def get_load(request: web.Request) -> web.StreamResponse:
     return json_response(await native_api.load(request.app[SERVER]))
+
+
+async def tokenize(request: web.Request) -> web.StreamResponse:
+    return json_response(await token_routes.tokenize(request.app[SERVER], await _json_body(request)))
+
+
+async def detokenize(request: web.Request) -> web.StreamResponse:
+    return json_response(await token_routes.detokenize(request.app[SERVER], await _json_body(request)))
 
 
 async def flush_cache(request: web.Request) -> web.StreamResponse:

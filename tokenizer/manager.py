@@ -84,7 +84,7 @@ class TokenizerManager:
         self.max_live = (scheduler_info.get("max_running_requests") or 0) + config.max_queued_requests
         self.on_reject: Callable[[str], None] | None = None
         """Called (on the loop) with the reason of each request refused for overload."""
-        self._encoder = PromptEncoder(self.tokenizer)
+        self.encoder = PromptEncoder(self.tokenizer)
         self.dead_reason: str | None = None
         self.on_dead: Callable[[str], None] | None = None
         """Called once (on the loop) when the runtime fails, e.g. to shut the tree down."""
@@ -119,7 +119,7 @@ class TokenizerManager:
         self._to_scheduler.close()
         self._inbox.close()
         self._ctx.term()
-        self._encoder.close()
+        self.encoder.close()
 
     # ------------------------------------------------------------ generation
 
@@ -142,7 +142,7 @@ class TokenizerManager:
             raise InvalidRequest(f"{len(normalized.requests)} prompts in one request; at most "
                                  f"{self.config.max_prompts_per_request} (--max-prompts-per-request)", param=field)
         self._admit(len(normalized.requests), normalized.requests[0].prompt_field)  # before tokenizing
-        ids = await self._encoder.encode(normalized.requests)
+        ids = await self.encoder.encode(normalized.requests)
         prepared = [self._prepare(single, single_ids) for single, single_ids in zip(normalized.requests, ids)]
         self._admit(sum(len(self._rids_of(p)) for p in prepared), "n")
         for p in prepared:

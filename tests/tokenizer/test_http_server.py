@@ -153,6 +153,22 @@ def test_priorities_on_both_apis_and_their_metrics(client: openai.OpenAI, server
     assert {"radixserve:num_retracted_requests", "radixserve:num_preempted_requests"} <= set(families)
 
 
+def test_tokenize_counts_what_generate_counts_and_detokenize_inverts_it(server: RunningServer) -> None:
+    text = "Agents count their history before they send it."
+    one = requests.post(server.url + "/tokenize", json={"prompt": text}, timeout=30).json()
+    generated = post(server, "/generate", {"text": text, "sampling_params": {"max_new_tokens": 1}}).json()
+    prompt_tokens = generated["meta_info"]["prompt_tokens"]
+    assert one["count"] == len(one["tokens"]) == prompt_tokens and one["max_model_len"] == 2048
+    batch = requests.post(server.url + "/v1/tokenize", json={"model": "smol", "prompt": [text, "hi"]}, timeout=30).json()
+    assert batch["tokens"][0] == one["tokens"] and batch["count"] == [one["count"], len(batch["tokens"][1])]
+    back = requests.post(server.url + "/detokenize", json={"tokens": one["tokens"]}, timeout=30).json()
+    assert back["text"] == text
+    for path, body, param in [("/tokenize", {"prompt": 5}, "prompt"), ("/detokenize", {"tokens": [-1]}, "tokens"),
+                              ("/detokenize", {"tokens": [10**9]}, "tokens")]:
+        bad = requests.post(server.url + path, json=body, timeout=30)
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == param
+
+
 def test_native_generate_stream_batch_and_logprobs(server: RunningServer) -> None:
     body = {"text": "The capital of France is", "sampling_params": {"max_new_tokens": 8, **GREEDY}}
     full = post(server, "/generate", body).json()
