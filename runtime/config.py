@@ -99,6 +99,9 @@ class ServerConfig:
     max_n: int = _opt(16, "largest accepted n (parallel samples per prompt)")
     max_top_logprobs: int = _opt(20, "largest accepted top_logprobs / top_logprobs_num")
     log_level: str = _opt("info", "logging level", ("debug", "info", "warning", "error"))
+    metrics_prefix: str = _opt(
+        "radixserve", "the prefix of every /metrics name; sglang gives SGLang's exact names (its dashboards work)",
+        ("radixserve", "sglang"))
     watchdog_timeout: float = _opt(
         300.0, "seconds the scheduler may go without finishing a loop iteration (a stuck forward) before it "
         "reports, fails every request and exits non-zero; 0 turns the watchdog off")

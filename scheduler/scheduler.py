@@ -28,6 +28,7 @@ from runtime.messages import (
 )
 from runtime.model_runner import ForwardResult, ModelRunner
 from scheduler.batch import ScheduledBatch, record_input_logprobs
+from scheduler.batch_log import BatchLog
 from scheduler.batching import BatchingMixin
 from scheduler.deadlines import Deadlines
 from scheduler.finish import check_finished
@@ -90,7 +91,8 @@ class Scheduler(BatchingMixin):
         self.retractions = 0
         self.priority = PriorityRules.from_config(config)  # None: priorities are not used
         self.preemptions = 0  # retractions for a more urgent request
-        self.mixed_steps = 0  # forwards that ran a prefill and the running decodes together
+        self.mixed_steps = 0
+        self.batch_log = BatchLog(logger)  # SGLang's per-batch lines, at debug level  # forwards that ran a prefill and the running decodes together
         self.dispatch = TypeDispatcher({
             GenerateReq: self.handle_generate,
             AbortReq: self.handle_abort,
@@ -235,6 +237,7 @@ class Scheduler(BatchingMixin):
                 self.cache_unfinished(req)
                 req.state = ReqState.RUNNING
                 self.running.append(req)
+        self.batch_log.record(self, batch)
 
     def append_token(self, req: Req, token: int, result: ForwardResult, i: int, logprobs: list[float] | None) -> None:
         req.output.append(token)

@@ -1,11 +1,13 @@
 """Prometheus metrics of one server, in its own `CollectorRegistry` (so tests can run several).
 
-Names follow SGLang's (`sglang:` becomes `radixserve:`), each with a `model_name` label:
+Names are SGLang's with our prefix (`radixserve:`; `--metrics-prefix sglang` gives SGLang's own
+names, for its dashboards), each with a `model_name` label:
 
     gauges      num_running_reqs, num_queue_reqs, num_used_tokens, token_usage,
                 cache_hit_rate, gen_throughput
     counters    prompt_tokens_total, generation_tokens_total, cached_tokens_total,
-                num_requests_total{finish_reason}, http_requests_total{method, route, status},
+                num_requests_total{finish_reason}, num_aborted_requests_total,
+                http_requests_total{method, route, status},
                 num_rejected_requests_total{reason} (admission control: queue_full)
     histograms  time_to_first_token_seconds, inter_token_latency_seconds,
                 e2e_request_latency_seconds, queue_time_seconds (waiting in the scheduler
@@ -37,7 +39,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("radixserve.metrics")
 
-PREFIX = "radixserve:"
+DEFAULT_PREFIX = "radixserve"  # --metrics-prefix sglang gives SGLang's exact names
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 HEALTH_RID_PREFIX = "HEALTH_CHECK_"
 WARMUP_SUFFIX = "_warmup"  # NOTE: TokenizerManager's WARMUP_SUFFIX (prefill-only n>1 copies)
@@ -61,7 +63,8 @@ class Interval:
 class ServerMetrics:
     """All metrics of one server; `render()` is the /metrics body."""
 
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, prefix: str = DEFAULT_PREFIX) -> None:
+        self.prefix = prefix + ":"
         disable_created_metrics()  # NOTE: process-wide; the `_created` series are noise here
         self.registry = CollectorRegistry()
         self.model_name = model_name
@@ -74,11 +77,12 @@ class ServerMetrics:
         self.prompt_tokens = self._counter("prompt_tokens", "Prompt tokens of finished requests")
         self.generation_tokens = self._counter("generation_tokens", "Generated tokens")
         self.cached_tokens = self._counter("cached_tokens", "Prompt tokens served from the cache")
-        self._requests = Counter(PREFIX + "num_requests", "Finished requests by finish reason",
+        self.aborted = self._counter("num_aborted_requests", "Requests that ended aborted")
+        self._requests = Counter(self.prefix + "num_requests", "Finished requests by finish reason",
                                  ["model_name", "finish_reason"], registry=self.registry)
-        self._http = Counter(PREFIX + "http_requests", "HTTP requests by route and status",
+        self._http = Counter(self.prefix + "http_requests", "HTTP requests by route and status",
                              ["method", "route", "status"], registry=self.registry)
-        self._rejected = Counter(PREFIX + "num_rejected_requests", "Requests refused before queueing, by reason",
+        self._rejected = Counter(self.prefix + "num_rejected_requests", "Requests refused before queueing, by reason",
                                  ["model_name", "reason"], registry=self.registry)
         self.ttft = self._histogram("time_to_first_token_seconds", "Time to first token",
                                     TTFT_BUCKETS)
@@ -88,9 +92,9 @@ class ServerMetrics:
         self.queue_time = self._histogram("queue_time_seconds", "Time waiting in the scheduler before the first "
                                           "forward", TTFT_BUCKETS)
         by_priority = ["model_name", "priority"]
-        self._priority_queue_time = Histogram(PREFIX + "priority_queue_time_seconds", "Queue time by priority",
+        self._priority_queue_time = Histogram(self.prefix + "priority_queue_time_seconds", "Queue time by priority",
                                               by_priority, buckets=TTFT_BUCKETS, registry=self.registry)
-        self._priority_ttft = Histogram(PREFIX + "priority_time_to_first_token_seconds",
+        self._priority_ttft = Histogram(self.prefix + "priority_time_to_first_token_seconds",
                                         "Time to first token by priority", by_priority, buckets=TTFT_BUCKETS,
                                         registry=self.registry)
         # Totals the scheduler counts, turned into counters by their growth at each update_state().
@@ -103,17 +107,18 @@ class ServerMetrics:
         # NOTE: plain totals alongside the counters: prometheus_client has no public getter
         self.totals = {"generation": 0, "prompt": 0, "cached": 0}
         self._tick = (time.monotonic(), 0, 0, 0)  # (time, generation, prompt, cached)
+        self.last_gen_throughput = 0.0  # tokens/s of the last closed interval (/get_server_info)
 
     def _gauge(self, name: str, doc: str) -> Any:
-        gauge = Gauge(PREFIX + name, doc, ["model_name"], registry=self.registry)
+        gauge = Gauge(self.prefix + name, doc, ["model_name"], registry=self.registry)
         return gauge.labels(self.model_name)
 
     def _counter(self, name: str, doc: str) -> Any:
-        counter = Counter(PREFIX + name, doc, ["model_name"], registry=self.registry)
+        counter = Counter(self.prefix + name, doc, ["model_name"], registry=self.registry)
         return counter.labels(self.model_name)
 
     def _histogram(self, name: str, doc: str, buckets: tuple[float, ...]) -> Any:
-        hist = Histogram(PREFIX + name, doc, ["model_name"], buckets=buckets,
+        hist = Histogram(self.prefix + name, doc, ["model_name"], buckets=buckets,
                          registry=self.registry)
         return hist.labels(self.model_name)
 
@@ -162,6 +167,8 @@ class ServerMetrics:
             self.e2e.observe(end - state.created)
             reason = (state.finish_reason or {}).get("type", "unknown")
             self._requests.labels(self.model_name, str(reason)).inc()
+            if reason == "abort":
+                self.aborted.inc()
 
     def prune(self, live: dict[str, ReqState]) -> None:
         """Forget requests that left the manager without finishing (aborted by their client)."""
@@ -197,6 +204,7 @@ class ServerMetrics:
         seconds = max(now - then, 1e-9)
         throughput = (gen - gen0) / seconds
         self.gen_throughput.set(throughput)
+        self.last_gen_throughput = throughput
         hit = (cached - cached0) / (prompt - prompt0) if prompt > prompt0 else 0.0
         return Interval(seconds, gen - gen0, throughput, hit)
 

@@ -89,6 +89,12 @@ async def server_info(server: ServerState) -> dict[str, Any]:
     info = await server.manager().get_server_info()
     info.update(version=VERSION, status=server.phase.value, served_model_name=server.model_name,
                 requests_in_flight=server.inflight)
+    # The names SGLang's tools read (bench_serving, the router, dashboards).
+    info["max_total_num_tokens"] = info.get("max_total_tokens")
+    if info.get("context_length"):
+        info["max_req_input_len"] = info["context_length"] - 1
+    for state in info.get("internal_states", []):
+        state["last_gen_throughput"] = server.metrics.last_gen_throughput
     return info
 
 

@@ -54,7 +54,7 @@ class ServerState:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.model_name = served_model_name(config)
-        self.metrics = ServerMetrics(self.model_name)
+        self.metrics = ServerMetrics(self.model_name, config.metrics_prefix)
         self.created = int(time.time())
         self.phase = Phase.STARTING
         self.tm: TokenizerManager | None = None

@@ -77,7 +77,7 @@ def test_long_prompts_are_encoded_off_the_event_loop() -> None:
     threads: list[str] = []
 
     class Recording:
-        def encode(self, text: str) -> list[int]:
+        def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
             threads.append(threading.current_thread().name)
             return [len(text)]
 

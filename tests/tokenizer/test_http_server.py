@@ -191,6 +191,9 @@ def test_native_info_routes(server: RunningServer) -> None:
     assert info["is_generation"] is True and os.path.isdir(info["model_path"])
     server_info = requests.get(server.url + "/get_server_info", timeout=10).json()
     assert "api_key" not in server_info and server_info["internal_states"][0]["integrity"] == "ok"
+    assert server_info["max_total_num_tokens"] == server_info["max_total_tokens"] > 0  # SGLang's names
+    assert server_info["max_req_input_len"] == 2047
+    assert server_info["internal_states"][0]["last_gen_throughput"] >= 0
     assert requests.get(server.url + "/health_generate", timeout=30).status_code == 200
     assert requests.post(server.url + "/flush_cache", timeout=30).text == "Cache flushed."
     # sglang-router's load monitor: one data-parallel rank, idle.
