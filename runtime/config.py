@@ -99,6 +99,13 @@ class ServerConfig:
     max_n: int = _opt(16, "largest accepted n (parallel samples per prompt)")
     max_top_logprobs: int = _opt(20, "largest accepted top_logprobs / top_logprobs_num")
     log_level: str = _opt("info", "logging level", ("debug", "info", "warning", "error"))
+    reasoning_parser: str = _opt(
+        "none", "split a chat answer's thinking into reasoning_content: qwen3 (<think>...</think>) or deepseek-r1 "
+        "(the template opens <think>)", ("none", "qwen3", "deepseek-r1"))
+    tool_call_parser: str = _opt(
+        "auto", "the tool-call format chat outputs are parsed for: hermes / qwen25 (<tool_call> blocks), llama3 "
+        "(bare JSON calls, ';'-separated), auto (<tool_call> blocks, else bare JSON)",
+        ("auto", "hermes", "qwen25", "llama3"))
     metrics_prefix: str = _opt(
         "radixserve", "the prefix of every /metrics name; sglang gives SGLang's exact names (its dashboards work)",
         ("radixserve", "sglang"))

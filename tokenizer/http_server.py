@@ -206,7 +206,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     plan = openai_protocol.plan_chat(
         body, server.model_name, server.config.max_top_logprobs, openai_api.token_budget(tm),
         render=lambda messages, kwargs: openai_api.chat_prompt_ids(tm, messages, kwargs))
-    return await run_generation(request, server, plan.body, openai_api.ChatRenderer(plan))
+    renderer = openai_api.ChatRenderer(plan, server.config.reasoning_parser, server.config.tool_call_parser)
+    return await run_generation(request, server, plan.body, renderer)
 
 
 # ---------------------------------------------------------------- entry points

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from runtime.errors import InvalidRequest
 from tokenizer.openai.protocol import OpenAIPlan, translate
+from tokenizer.openai.reasoning import PARSERS as REASONING_PARSERS
+from tokenizer.openai.reasoning import ReasoningStream, split_reasoning
 from tokenizer.openai.tool_calls import (
     ToolCall, ToolCallStream, adapt_to_template, parse_tool_calls, tool_call_deltas,
 )
@@ -242,10 +244,14 @@ class ChatRenderer(_Renderer):
 
     object_name, chunk_object = "chat.completion", "chat.completion.chunk"
 
-    def __init__(self, plan: OpenAIPlan) -> None:
+    def __init__(self, plan: OpenAIPlan, reasoning_parser: str = "none", tool_parser: str = "auto") -> None:
         super().__init__(plan)
+        self.reasoning = REASONING_PARSERS.get(reasoning_parser) if plan.separate_reasoning else None
+        self.tool_parser = tool_parser
         self._tool_streams: dict[int, ToolCallStream] = {}
         self._calls: dict[int, list[ToolCall]] = {}  # parsed at the end, not yet sent
+        self._reasoning_streams: dict[int, ReasoningStream] = {}
+        self._reasoning_delta: dict[int, str] = {}  # for the chunk being built
 
     def choice(self, i: int, out: dict[str, Any]) -> dict[str, Any]:
         meta = out["meta_info"]
@@ -253,14 +259,21 @@ class ChatRenderer(_Renderer):
         if self.plan.logprobs:
             logprobs = chat_logprobs(meta.get("output_token_logprobs") or [],
                                      meta.get("output_top_logprobs"))
-        message: dict[str, Any] = {"role": "assistant", "content": out["text"]}
+        text, reasoning = out["text"], None
+        if self.reasoning is not None:
+            split = split_reasoning(text, self.reasoning)
+            text, reasoning = split.content, split.reasoning
+        message: dict[str, Any] = {"role": "assistant", "content": text}
         reason = finish_reason(meta)
-        if self.plan.tools is not None:
-            parsed = parse_tool_calls(out["text"], self.plan.tools.names)
+        tools = self.plan.tools
+        if tools is not None:
+            parsed = parse_tool_calls(text, tools.names, "auto" if tools.choice.forced else self.tool_parser)
             if parsed.calls:
                 message = {"role": "assistant", "content": parsed.content,
                            "tool_calls": [c.to_openai() for c in parsed.calls]}
                 reason = "tool_calls"
+        if self.reasoning is not None:
+            message["reasoning_content"] = reasoning
         return {"index": i, "message": message, "logprobs": logprobs, "finish_reason": reason,
                 "matched_stop": (meta.get("finish_reason") or {}).get("matched")}
 
@@ -274,6 +287,12 @@ class ChatRenderer(_Renderer):
         deltas and then a chunk with finish_reason tool_calls."""
         payloads = super().chunks(out)
         i = out.get("index", 0)
+        thought = self._reasoning_delta.pop(i, "")
+        if thought:  # the thinking delta rides on this step's chunk (or gets one of its own)
+            if payloads:
+                payloads[0]["choices"][0]["delta"] = {"reasoning_content": thought, **payloads[0]["choices"][0]["delta"]}
+            else:
+                payloads = [self._chunk(i, {"reasoning_content": thought}, None)]
         calls = self._calls.pop(i, None)
         if not calls:
             return payloads
@@ -284,11 +303,15 @@ class ChatRenderer(_Renderer):
         return kept + tail + [self._chunk(i, {}, "tool_calls")]
 
     def _text_delta(self, i: int, text: str, finished: bool) -> str:
+        if self.reasoning is not None:  # what follows the thinking is the content
+            stream = self._reasoning_streams.setdefault(i, ReasoningStream(self.reasoning, self.plan.stream_reasoning))
+            self._reasoning_delta[i], text = stream.feed(text, finished)
         tools = self.plan.tools
         if tools is None:
             return super()._text_delta(i, text, finished)
         self._sent_text[i] = len(text)  # NOTE: only marks the choice as started
-        stream = self._tool_streams.setdefault(i, ToolCallStream(tools.names, tools.choice.forced))
+        parser = self.tool_parser
+        stream = self._tool_streams.setdefault(i, ToolCallStream(tools.names, tools.choice.forced, parser))
         delta, calls = stream.feed(text, finished)
         if calls:
             self._calls[i] = calls

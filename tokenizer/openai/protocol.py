@@ -45,7 +45,7 @@ IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls"}
 NEUTRAL_EXTENSIONS: dict[str, tuple[bool, ...] | None] = {
     "return_hidden_states": (False,),
     "continue_final_message": (False,),
-    "separate_reasoning": None,  # no reasoning parser here: nothing to separate or stream
+    "separate_reasoning": None,  # any boolean: used with --reasoning-parser (reasoning.py)
     "stream_reasoning": None,
 }
 COMMON = {"model", "max_tokens", "stream", "stream_options", "logprobs", "rid", "timeout", "cache_salt", "extra_key",
@@ -77,6 +77,10 @@ class OpenAIPlan:
     renames: dict[str, str] = field(default_factory=dict)
     """Manager field -> request field, for a constraint built from another field (an invalid
     response_format schema is reported as response_format.json_schema.schema, not json_schema)."""
+    # SGLang's extensions for a server with --reasoning-parser: split the thinking text out,
+    # and stream it as it comes (False: in one delta once complete).
+    separate_reasoning: bool = True
+    stream_reasoning: bool = True
 
     @property
     def num_choices(self) -> int:
@@ -275,7 +279,8 @@ def plan_chat(req: Any, model: str, max_top_logprobs: int, context_length: int,
         body.update(return_logprob=True, top_logprobs_num=top or 0, return_text_in_logprobs=True)
     return _plan("chat", req, model, body=body, num_prompts=1, stream=stream,
                  include_usage=include_usage, logprobs=logprobs, tools=tools,
-                 renames=constraints.renames)
+                 renames=constraints.renames, separate_reasoning=req.get("separate_reasoning", True),
+                 stream_reasoning=req.get("stream_reasoning", True))
 
 
 def _messages(messages: Any) -> list[dict[str, Any]]:

@@ -8,14 +8,17 @@ Hermes-style system instruction listing the tools, and `messages_as_text` turns 
 
 Output side: `parse_tool_calls` finds the calls in a finished output and `ToolCallStream` splits a
 streamed output into content that can be sent at once and calls that are sent at the end.
-Parsing rules, in order:
-  1. Every `<tool_call>JSON</tool_call>` block (the closing tag may be missing at the very end)
-     whose JSON is `{"name": <known tool>, "arguments": {...}}` becomes a call and leaves the
-     content; a block that does not parse stays in the content as text.
-  2. Otherwise, an output that is as a whole such a JSON object is one call (this is the shape a
-     forced call's grammar produces, and what some models emit without tags).
-  3. Otherwise the output is plain content.
-`arguments` may also be given as `parameters` (Llama 3.1's name) or as a JSON string.
+Parsing rules (`--tool-call-parser`; SGLang's names):
+  - hermes / qwen25 (Hermes and Qwen2.5/Qwen3's format): every `<tool_call>JSON</tool_call>`
+    block (the closing tag may be missing at the very end) whose JSON is `{"name": <known tool>,
+    "arguments": {...}}` becomes a call and leaves the content; a block that does not parse
+    stays in the content as text.
+  - llama3 (Llama 3.x's JSON tool calls): an output that is as a whole one or more such JSON
+    objects, separated by `;` and optionally after `<|python_tag|>`, is that many calls (this is
+    also the shape a forced call's grammar produces).
+  - auto (the default): the hermes rule; when it finds no call, the llama3 rule.
+  Otherwise the output is plain content. `arguments` may also be given as `parameters` (Llama
+  3.1's name) or as a JSON string.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from typing import Any
 from runtime.json_text import client_json
 
 OPEN_TAG, CLOSE_TAG = "<tool_call>", "</tool_call>"
+PYTHON_TAG = "<|python_tag|>"
+PARSERS = ("auto", "hermes", "qwen25", "llama3")
 _BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|\Z)", re.DOTALL)
 TOOL_PROMPT = (
     "You can call functions. To call one, reply with a JSON object naming the function and giving "
@@ -147,20 +152,42 @@ def new_call_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
 
 
-def parse_tool_calls(text: str, names: Collection[str]) -> ParsedOutput:
+def parse_tool_calls(text: str, names: Collection[str], parser: str = "auto") -> ParsedOutput:
     """Calls of known tools in a finished output; see the module docstring for the rules."""
-    calls, pieces, pos = [], [], 0
-    for m in _BLOCK.finditer(text):
-        call = _as_call(m.group(1), names)
-        if call is not None:
-            pieces.append(text[pos:m.start()])
-            pos = m.end()
-            calls.append(call)
-    if not calls:
-        call = _as_call(text.strip(), names)
-        return ParsedOutput(None, [call]) if call is not None else ParsedOutput(text, [])
-    content = "".join(pieces) + text[pos:]
-    return ParsedOutput(content if content.strip() else None, calls)
+    if parser != "llama3":
+        calls, pieces, pos = [], [], 0
+        for m in _BLOCK.finditer(text):
+            call = _as_call(m.group(1), names)
+            if call is not None:
+                pieces.append(text[pos:m.start()])
+                pos = m.end()
+                calls.append(call)
+        if calls:
+            content = "".join(pieces) + text[pos:]
+            return ParsedOutput(content if content.strip() else None, calls)
+        if parser != "auto":
+            return ParsedOutput(text, [])
+    json_calls = _json_calls(text, names)
+    return ParsedOutput(None, json_calls) if json_calls else ParsedOutput(text, [])
+
+
+def _json_calls(text: str, names: Collection[str]) -> list[ToolCall]:
+    """Llama 3's form: the whole output one or more call objects, `;`-separated ([] otherwise)."""
+    rest = text.strip().removeprefix(PYTHON_TAG).lstrip()
+    decoder, calls = json.JSONDecoder(), []
+    while rest:
+        try:
+            obj, end = decoder.raw_decode(rest)
+        except ValueError:
+            return []
+        call = _as_call(json.dumps(obj), names) if isinstance(obj, dict) else None
+        if call is None:
+            return []
+        calls.append(call)
+        rest = rest[end:].lstrip()
+        if rest.startswith(";"):
+            rest = rest[1:].lstrip()
+    return calls
 
 
 def _as_call(text: str, names: Collection[str]) -> ToolCall | None:
@@ -200,8 +227,8 @@ class ToolCallStream:
     the end). NOTE: what `feed` returns joins to `parse_tool_calls(text).content`.
     """
 
-    def __init__(self, names: Collection[str], forced: bool) -> None:
-        self.names, self.forced = names, forced
+    def __init__(self, names: Collection[str], forced: bool, parser: str = "auto") -> None:
+        self.names, self.forced, self.parser = names, forced, parser
         self.sent = 0
 
     def feed(self, text: str, finished: bool) -> tuple[str, list[ToolCall]]:
@@ -215,13 +242,16 @@ class ToolCallStream:
 
     def _safe_len(self, text: str) -> int:
         head = text.lstrip()
-        if self.forced or not head or head.startswith("{"):
+        json_form = self.parser in ("auto", "llama3")
+        if self.forced or not head or (json_form and (head.startswith("{") or PYTHON_TAG.startswith(head[:14]))):
             return 0
+        if self.parser == "llama3":
+            return len(text)
         start = text.find(OPEN_TAG)
         return start if start >= 0 else len(text) - _held_suffix(text)
 
     def _finish(self, text: str) -> tuple[str, list[ToolCall]]:
-        parsed = parse_tool_calls(text, self.names)
+        parsed = parse_tool_calls(text, self.names, "auto" if self.forced else self.parser)
         content = text if not parsed.calls else parsed.content or ""
         delta = content[self.sent:]
         self.sent = len(text)

@@ -252,6 +252,42 @@ def test_unparseable_outputs_stay_content(text: str) -> None:
     assert parsed.calls == [] and parsed.content == text
 
 
+# Recorded shapes: Llama-3.1-8B-Instruct (JSON calls, several joined by ';', after <|python_tag|>
+# when special tokens are kept) and Qwen2.5-7B-Instruct (Hermes blocks, one per call).
+LLAMA3 = ('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}; '
+          '{"name": "get_time", "parameters": {}}')
+QWEN25 = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+          '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
+
+
+@pytest.mark.parametrize("parser,text,calls", [
+    ("llama3", LLAMA3, ["get_weather", "get_time"]),
+    ("auto", LLAMA3, ["get_weather", "get_time"]),
+    ("llama3", LLAMA3.removeprefix("<|python_tag|>"), ["get_weather", "get_time"]),
+    ("llama3", QWEN25, []),  # tags are not Llama 3's format
+    ("qwen25", QWEN25, ["get_weather", "get_time"]),
+    ("hermes", QWEN25, ["get_weather", "get_time"]),
+    ("hermes", LLAMA3, []),  # bare JSON is not Hermes' format
+    ("auto", QWEN25, ["get_weather", "get_time"]),
+    ("llama3", '{"name": "get_time", "parameters": {}}; then some text', []),
+])
+def test_each_parser_reads_its_family(parser: str, text: str, calls: list[str]) -> None:
+    parsed = parse_tool_calls(text, NAMES, parser)
+    assert [c.name for c in parsed.calls] == calls
+    assert (parsed.content is None) if calls else (parsed.content == text)
+
+
+@pytest.mark.parametrize("parser", ["llama3", "qwen25", "auto"])
+def test_streams_hold_their_family_and_send_it_at_the_end(parser: str) -> None:
+    text = LLAMA3 if parser != "qwen25" else QWEN25
+    stream = ToolCallStream(NAMES, forced=False, parser=parser)
+    sent = "".join(stream.feed(text[:k], False)[0] for k in range(len(text) + 1))
+    delta, calls = stream.feed(text, True)
+    assert sent + delta == "" and [c.name for c in calls] == ["get_weather", "get_time"]
+    plain = ToolCallStream(NAMES, forced=False, parser="llama3")
+    assert plain.feed("Paris is sunny.", False)[0] == "Paris is sunny."
+
+
 def test_stream_sends_content_early_and_holds_calls() -> None:
     text = 'Sure. <tool_call>{"name": "get_time", "arguments": {}}</tool_call>'
     stream = ToolCallStream(NAMES, forced=False)

@@ -1,0 +1,106 @@
+"""Reasoning parsers (`--reasoning-parser`): a chat answer's thinking text goes to
+`reasoning_content`, the rest to `content`, in responses and in streamed deltas (pure: no I/O).
+
+    qwen3        <think>...</think>answer    reasoning only when the output opens with <think>
+                                             (Qwen3; with enable_thinking=False the template
+                                             closes an empty block in the prompt: all content)
+    deepseek-r1  ...</think>answer           the template opened the block in the prompt: the
+                                             output is reasoning until </think>
+
+Rules (SGLang's detectors, with whitespace made exact so that streamed deltas join to the
+non-streamed fields): the reasoning is the text between the tags without its leading and
+trailing whitespace; the content is what follows the closing tag without its leading
+whitespace; an output that ends inside the block is reasoning only (content ""). A request's
+`separate_reasoning: false` turns the split off; `stream_reasoning: false` sends the reasoning
+in one delta once it is complete.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningFormat:
+    start: str
+    end: str
+    opened_in_prompt: bool  # the output begins inside the block (no opening tag of its own)
+
+
+PARSERS = {
+    "qwen3": ReasoningFormat("<think>", "</think>", opened_in_prompt=False),
+    "deepseek-r1": ReasoningFormat("<think>", "</think>", opened_in_prompt=True),
+}
+
+
+@dataclass(slots=True)
+class Split:
+    reasoning: str | None  # None: the output has no reasoning block
+    content: str
+    open: bool  # still inside the block (more reasoning may come)
+
+
+def split_reasoning(text: str, fmt: ReasoningFormat) -> Split:
+    """The finished `text` split (see the module docstring)."""
+    begin = _reasoning_start(text, fmt)
+    if begin is None:
+        return Split(None, text, False)
+    end = text.find(fmt.end, begin)
+    if end < 0:
+        return Split(text[begin:].strip(), "", True)
+    return Split(text[begin:end].strip(), text[end + len(fmt.end):].lstrip(), False)
+
+
+def _reasoning_start(text: str, fmt: ReasoningFormat) -> int | None:
+    """Where the reasoning begins in `text`, or None when the output has none."""
+    if fmt.opened_in_prompt:
+        stripped = text.lstrip()
+        skip = len(fmt.start) if stripped.startswith(fmt.start) else 0  # some models repeat it
+        return len(text) - len(stripped) + skip
+    stripped = text.lstrip()
+    if not stripped.startswith(fmt.start):
+        return None
+    return len(text) - len(stripped) + len(fmt.start)
+
+
+class ReasoningStream:
+    """One streamed choice: `feed(cumulative text)` gives the reasoning delta to send now and the
+    content so far (cumulative, safe to send). Held back: an opening that may still become the
+    start tag, the reasoning's trailing whitespace and any partial closing tag."""
+
+    def __init__(self, fmt: ReasoningFormat, stream_reasoning: bool = True) -> None:
+        self.fmt, self.stream_reasoning = fmt, stream_reasoning
+        self.sent = 0  # reasoning characters sent
+
+    def feed(self, text: str, finished: bool) -> tuple[str, str]:
+        fmt = self.fmt
+        stripped = text.lstrip()
+        if not finished and not fmt.opened_in_prompt and fmt.start.startswith(stripped):
+            return "", ""  # blank so far, or a partial opening tag: undecided
+        if finished:
+            split = split_reasoning(text, fmt)
+            reasoning, content = split.reasoning or "", split.content
+        else:
+            split = split_reasoning(text, fmt)
+            if split.reasoning is None:
+                return "", text
+            if split.open:  # send what cannot be trailing whitespace or part of the closing tag
+                begin = _reasoning_start(text, fmt) or 0
+                body = text[begin:].lstrip()
+                reasoning = body[: len(body) - _held(body, fmt.end)].rstrip()
+                if not self.stream_reasoning:
+                    return "", ""
+            else:
+                reasoning = split.reasoning
+            content = split.content
+        delta = reasoning[self.sent:]
+        self.sent = len(reasoning)
+        return delta, content
+
+
+def _held(text: str, tag: str) -> int:
+    """The length of the longest end of `text` that may begin `tag`."""
+    for k in range(min(len(text), len(tag) - 1), 0, -1):
+        if tag.startswith(text[-k:]):
+            return k
+    return 0
