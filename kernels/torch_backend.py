@@ -39,6 +39,9 @@ def token_slots(meta: ForwardMetadata) -> torch.Tensor:
     return slots[keep]
 
 
+DECODE_ROWS_EXTEND = 8  # extends of at most this many tokens attend as decode rows (in mixed batches)
+
+
 class TorchAttentionBackend(AttentionBackend):
     """Paged prefill and decode attention over a `KVPool`, in plain torch."""
 
@@ -65,16 +68,24 @@ class TorchAttentionBackend(AttentionBackend):
         if self.decode:
             self.decoder.plan(slots, meta.seq_lens)
             return
-        # Mixed: the one-token rows decode together; their query rows are gathered, then scattered.
-        one = [i for i, n in enumerate(meta.extend_lens) if n == 1]
+        # Mixed: the rows of short extends (decodes, speculative verify steps) attend as decode
+        # rows together, row j of an n-token extend over the first seq_len - n + 1 + j slots;
+        # their query rows are gathered, then scattered. Longer extends run one by one.
+        short = [i for i, n in enumerate(meta.extend_lens) if n <= DECODE_ROWS_EXTEND]
         self.mixed_rows: torch.Tensor | None = None
-        if len(one) > 1:
+        if sum(meta.extend_lens[i] for i in short) > 1:
             kv_starts = _starts(meta.seq_lens)
             q_starts = _starts(meta.extend_lens)
-            picked = torch.cat([slots[kv_starts[i] : kv_starts[i] + meta.seq_lens[i]] for i in one])
-            self.decoder.plan(picked, [meta.seq_lens[i] for i in one])
-            self.mixed_rows = torch.tensor([q_starts[i] for i in one], dtype=torch.int64, device=slots.device)
-        self._plan_extend(slots, meta, skip=set(one) if self.mixed_rows is not None else set())
+            pieces, lens, rows = [], [], []
+            for i in short:
+                visible = meta.seq_lens[i] - meta.extend_lens[i]
+                for j in range(meta.extend_lens[i]):
+                    pieces.append(slots[kv_starts[i] : kv_starts[i] + visible + 1 + j])
+                    lens.append(visible + 1 + j)
+                    rows.append(q_starts[i] + j)
+            self.decoder.plan(torch.cat(pieces), lens)
+            self.mixed_rows = torch.tensor(rows, dtype=torch.int64, device=slots.device)
+        self._plan_extend(slots, meta, skip=set(short) if self.mixed_rows is not None else set())
 
     def _plan_extend(self, slots: torch.Tensor, meta: ForwardMetadata, skip: set[int]) -> None:
         # Per request not in `skip`: (query row range, KV slots of its whole sequence, causal mask,

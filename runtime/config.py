@@ -83,6 +83,16 @@ class ServerConfig:
     enable_mixed_chunk: bool | None = _opt(
         None, "run the running requests' decode step in the same forward as a prefill chunk, so new "
         "prompts do not stall running streams; default: on on CPU, off on CUDA (as SGLang)")
+    speculative_algorithm: str = _opt(
+        "none", "speculative decoding: ngram drafts tokens from the request's own prompt and output (no draft "
+        "model) and the model verifies them in one forward; greedy outputs stay identical and sampled ones keep "
+        "their distribution; it turns the overlap loop off", ("none", "ngram"))
+    speculative_num_draft_tokens: int = _opt(4, "with speculative decoding: most draft tokens verified per step")
+    speculative_disable_by_batch_size: int = _opt(
+        4, "with speculative decoding: decode plainly while more requests than this are running (a large batch "
+        "is compute-bound: rejected drafts are wasted work; measured in docs/benchmarks.md)")
+    speculative_ngram_min_match_window_size: int = _opt(1, "ngram: the shortest suffix looked up")
+    speculative_ngram_max_match_window_size: int = _opt(3, "ngram: the longest suffix looked up (tried first)")
     disable_cuda_graph: bool = _opt(False, "CUDA only: run decode steps eagerly instead of replaying captured graphs")
     cuda_graph_max_bs: int | None = _opt(
         None, "CUDA only: the largest decode batch run by a captured graph (buckets 1, 2, 4, 8, then every 8); "
@@ -120,6 +130,11 @@ class ServerConfig:
             value = getattr(self, f.name)
             if choices and value not in choices:
                 raise InvalidRequest(f"{f.name} must be one of {list(choices)}, got {value!r}", param=f.name)
+        if self.speculative_num_draft_tokens < 1:
+            raise InvalidRequest("speculative_num_draft_tokens must be >= 1", param="speculative_num_draft_tokens")
+        if not 1 <= self.speculative_ngram_min_match_window_size <= self.speculative_ngram_max_match_window_size:
+            raise InvalidRequest("the ngram match windows need 1 <= min <= max",
+                                 param="speculative_ngram_min_match_window_size")
         if self.tp_size < 1:
             raise InvalidRequest("tp_size must be >= 1", param="tp_size")
         if self.page_size < 1:

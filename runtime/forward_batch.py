@@ -47,6 +47,9 @@ class ForwardEntry:
     # Constrained decoding: the int32 token bitmask row ([ceil(vocab/32)], xgrammar's layout)
     # that the token sampled for this entry must satisfy; None when unconstrained.
     token_bitmask: torch.Tensor | None = None
+    # Speculative decoding: input_ids are [last token, *draft_ids]; every row gets logits and the
+    # runner verifies the drafts (ForwardResult.accepted) instead of sampling the last row.
+    draft_ids: list[int] | None = None
 
     @property
     def seq_len(self) -> int:

@@ -20,6 +20,7 @@ import torch
 from kernels.base import ForwardMetadata
 from kernels.grammar_mask import apply_token_bitmask
 from kernels.sampling import SamplingBatch, apply_penalties_and_bias, sample
+from kernels.spec_verify import verify_drafts
 from runtime.cuda_graph import CudaGraphRunner
 from runtime.forward_batch import UPLOADED, BatchPlan, ForwardEntry, plan_batch
 from runtime.kv_pool import KVPool, ReqToTokenPool
@@ -42,6 +43,8 @@ class ForwardResult:
     input_logprobs: list[list[float] | None]
     input_top_logprobs: list[list[tuple[list[int], list[float]]] | None]
     last_logits: torch.Tensor | None = None  # fp32 [B, vocab], only when asked for
+    # Speculative entries: the drafts each accepted (next_ids[i] is the token after them).
+    accepted: list[list[int]] | None = None
     # next_ids (and logprobs) on their way to the host: reading them is the step's one sync.
     pending: PendingHost | None = None
 
@@ -156,7 +159,38 @@ class ModelRunner:
         self.backend.plan(step.meta)
         hidden = self.model.forward(step.input_ids, step.meta.positions, self.backend)
         logits = self.model.compute_logits(hidden.index_select(0, step.last_rows))
-        return self._sample(entries, step, hidden, logits, keep_logits)
+        result = self._sample(entries, step, hidden, logits, keep_logits)
+        if any(e.draft_ids for e in entries):
+            self._verify_drafts(entries, step.plan, hidden, result)
+        return result
+
+    def _verify_drafts(self, entries: list[ForwardEntry], plan: BatchPlan, hidden: torch.Tensor,
+                       result: ForwardResult) -> None:
+        """Replace the sampled token of each speculative entry by its verification's outcome
+        (kernels/spec_verify.py); such entries never need penalties, grammars or logprobs."""
+        accepted: list[list[int]] = [[] for _ in entries]
+        next_ids = result.host_next_ids()
+        spec = [i for i, e in enumerate(entries) if e.draft_ids]
+        # Every speculative row's logits in one lm_head call, then split by entry.
+        rows = [r for i in spec for r in range(plan.qo_indptr[i], plan.qo_indptr[i + 1])]
+        logits = self.model.compute_logits(hidden.index_select(0, upload(rows, torch.int64, self.device)))
+        greedy_best = logits.argmax(dim=-1).tolist() if any(entries[i].sampling.is_greedy for i in spec) else []
+        start = 0
+        for i in spec:
+            e = entries[i]
+            drafts = e.draft_ids or []
+            end = start + len(drafts) + 1
+            if e.sampling.is_greedy:  # the argmax prefix, read from the one host copy above
+                best = greedy_best[start:end]
+                count = next((k for k, d in enumerate(drafts) if best[k] != d), len(drafts))
+                next_ids[i] = best[count]
+            else:
+                count, next_ids[i] = verify_drafts(logits[start:end], drafts, e.sampling)
+            accepted[i] = drafts[:count]
+            start = end
+        result.next_ids = upload(next_ids, torch.int64, self.device)
+        result.pending = PendingHost([t for t in (result.next_ids, result.logprobs) if t is not None])
+        result.accepted = accepted
 
     def _sample(
         self, entries: list[ForwardEntry], step: StepInputs, hidden: torch.Tensor | None, logits: torch.Tensor,

@@ -101,7 +101,8 @@ def resolve_config(config: ServerConfig) -> ServerConfig:
         max_total_tokens=max_total,
         max_running_requests=max_running,
         enable_mixed_chunk=device.type == "cpu" if config.enable_mixed_chunk is None else config.enable_mixed_chunk,
-        disable_overlap_schedule=(
+        # Speculative steps need the previous step's accepted tokens to draft the next: no overlap.
+        disable_overlap_schedule=config.speculative_algorithm != "none" or (
             device.type != "cuda" if config.disable_overlap_schedule is None else config.disable_overlap_schedule
         ),
     )

@@ -76,6 +76,14 @@ def decode_entry(req: Req) -> ForwardEntry:
     return entry
 
 
+def speculative_entry(req: Req, drafts: list[int]) -> ForwardEntry:
+    """A decode step that also verifies `drafts`: [newest token, *drafts] at their new slots."""
+    pos = req.computed - 1 - len(drafts)
+    entry = _entry(req, pos, 1 + len(drafts), input_ids=[req.fill_ids[pos], *drafts])
+    entry.draft_ids = list(drafts)
+    return entry
+
+
 def _constrain(req: Req, entry: ForwardEntry) -> None:
     """Give a constrained request's entry the token bitmask of its grammar's current state."""
     if req.grammar is None:

@@ -11,10 +11,11 @@ from __future__ import annotations
 import logging
 import time
 
-from scheduler.batch import ScheduledBatch, decode_entry, prefill_entry
+from scheduler.batch import ScheduledBatch, decode_entry, prefill_entry, speculative_entry
 from scheduler.policy import PrefillAdder, order_waiting
 from scheduler.request import Req, ReqState
 from scheduler.retract import admission_kv, decode_slots_needed, pick_victim, reserved_kv
+from scheduler.speculative import slots_to_extend
 
 logger = logging.getLogger("scheduler.scheduler")
 
@@ -107,15 +108,23 @@ class BatchingMixin:
             return None
         self.retract_until_decode_fits()
         batch = ScheduledBatch(is_prefill=False)
+        ps = self.page_size
+        spare = self.cache.available() + self.cache.evictable_size - decode_slots_needed(self.running, ps)
+        speculate = self.speculator is not None and self.speculator.active(len(self.running))
         for req in list(self.running):
-            slot = self.cache.alloc_extend(req.kv, 1)
+            drafts = self.speculator.drafts(req) if speculate else []
+            if drafts:
+                extra = slots_to_extend(len(req.kv), 1 + len(drafts), ps) - slots_to_extend(len(req.kv), 1, ps)
+                drafts = drafts if extra <= spare else []
+                spare -= extra if drafts else 0
+            slot = self.cache.alloc_extend(req.kv, 1 + len(drafts))
             if slot is None:  # admission reserves decode KV, so this is a bug; keep serving
                 logger.error("no KV slot for decoding request %s", req.rid)
                 self.running.remove(req)
                 self.finish_now(req, "out of KV cache memory")
                 continue
             req.kv.extend(slot)
-            batch.add(req, decode_entry(req), prefill=False)
+            batch.add(req, speculative_entry(req, drafts) if drafts else decode_entry(req), prefill=False)
         return batch if batch.reqs else None
 
     def decode_fits(self) -> bool:

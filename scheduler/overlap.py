@@ -25,22 +25,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from runtime.model_runner import ForwardResult
 from scheduler.batch import ScheduledBatch
-from scheduler.request import Req
+from scheduler.request import needs_history
 from scheduler.scheduler import Scheduler
 
 Pending = tuple[ScheduledBatch, "Future[ForwardResult]"]
-
-
-def needs_history(req: Req) -> bool:
-    """Sampling of this request's next token reads its output so far."""
-    sp = req.sampling
-    return (
-        sp.frequency_penalty != 0.0
-        or sp.presence_penalty != 0.0
-        or sp.repetition_penalty != 1.0
-        or sp.min_new_tokens > len(req.output)
-        or sp.seed is not None
-    )
 
 
 class OverlapScheduler(Scheduler):

@@ -56,6 +56,7 @@ class Req:
     matched_stop_token: bool = False
     arrival: float = field(default_factory=time.monotonic)
     admitted_at: float | None = None  # monotonic time of its first admission into a prefill
+    ngram: Any = None  # its n-gram index, with speculative decoding (scheduler/ngram.py)
     # Constrained decoding: the compile in flight (while in the grammar queue), then the matcher.
     grammar_future: Any = None
     grammar: Any = None
@@ -131,3 +132,15 @@ def _logprob_start(msg: GenerateReq) -> int:
     if not msg.return_logprob:
         return -1
     return msg.logprob_start_len if msg.logprob_start_len >= 0 else len(msg.input_ids) - 1
+
+
+def needs_history(req: Req) -> bool:
+    """Sampling of this request's next token reads its output so far."""
+    sp = req.sampling
+    return (
+        sp.frequency_penalty != 0.0
+        or sp.presence_penalty != 0.0
+        or sp.repetition_penalty != 1.0
+        or sp.min_new_tokens > len(req.output)
+        or sp.seed is not None
+    )

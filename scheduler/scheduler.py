@@ -38,6 +38,7 @@ from scheduler.priority import PriorityRules
 from scheduler.request import Req, ReqState
 from scheduler.retract import NewTokenRatio, pages
 from scheduler.rid_index import RidIndex
+from scheduler.speculative import Speculator, trim_kv
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +93,8 @@ class Scheduler(BatchingMixin):
         self.priority = PriorityRules.from_config(config)  # None: priorities are not used
         self.preemptions = 0  # retractions for a more urgent request
         self.mixed_steps = 0
-        self.batch_log = BatchLog(logger)  # SGLang's per-batch lines, at debug level  # forwards that ran a prefill and the running decodes together
+        self.batch_log = BatchLog(logger)  # SGLang's per-batch lines, at debug level
+        self.speculator = Speculator.from_config(config)  # None: no speculative decoding  # forwards that ran a prefill and the running decodes together
         self.dispatch = TypeDispatcher({
             GenerateReq: self.handle_generate,
             AbortReq: self.handle_abort,
@@ -228,7 +230,11 @@ class Scheduler(BatchingMixin):
                     req.finish({"type": "length", "length": 0})
                     self.release(req)
                     continue
-            self.append_token(req, next_ids[i], result, i, logprobs)
+            drafts = batch.entries[i].draft_ids
+            if drafts and result.accepted is not None:
+                self.append_speculated(req, drafts, result.accepted[i], next_ids[i], result, i)
+            else:
+                self.append_token(req, next_ids[i], result, i, logprobs)
             if req.finished:
                 if not prefill:
                     self.running.remove(req)
@@ -252,6 +258,21 @@ class Scheduler(BatchingMixin):
         if not req.finished and req.grammar is not None and req.grammar.is_terminated():
             req.matched_stop_token = token in req.stop_ids
             req.finish({"type": "stop", "matched": token})
+
+    def append_speculated(self, req: Req, drafts: list[int], accepted: list[int], after: int,
+                          result: ForwardResult, i: int) -> None:
+        """The accepted drafts and the token after them, while the request runs; then its KV
+        keeps the positions computed for tokens it kept (scheduler/speculative.py)."""
+        assert self.speculator is not None
+        start = len(req.fill_ids)  # the verify step computed positions start - 1 .. start - 1 + k
+        appended = 0
+        for token in [*accepted, after]:
+            self.append_token(req, token, result, i, None)
+            appended += 1
+            if req.finished:
+                break
+        trim_kv(self.cache, req, start + min(len(accepted), appended), self.page_size)
+        self.speculator.record(len(drafts), len(accepted))
 
     def cache_unfinished(self, req: Req) -> None:
         """Publish a continuing request's computed tokens to the cache; re-point its row."""
@@ -326,6 +347,10 @@ class Scheduler(BatchingMixin):
             "integrity": integrity,
             "retractions": self.retractions,
             "preemptions": self.preemptions,
+            "spec_verify_steps": self.speculator.steps if self.speculator else 0,
+            "spec_proposed": self.speculator.proposed if self.speculator else 0,
+            "spec_accepted": self.speculator.accepted if self.speculator else 0,
+            "spec_accept_length": self.speculator.accept_length if self.speculator else 0.0,
             "deadline_expired": self.deadlines.expired_count,
             "evicted_tokens": self.cache.evicted_tokens,
             "mixed_steps": self.mixed_steps,

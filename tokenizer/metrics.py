@@ -4,7 +4,7 @@ Names are SGLang's with our prefix (`radixserve:`; `--metrics-prefix sglang` giv
 names, for its dashboards), each with a `model_name` label:
 
     gauges      num_running_reqs, num_queue_reqs, num_used_tokens, token_usage,
-                cache_hit_rate, gen_throughput
+                cache_hit_rate, gen_throughput, spec_accept_length
     counters    prompt_tokens_total, generation_tokens_total, cached_tokens_total,
                 num_requests_total{finish_reason}, num_aborted_requests_total,
                 http_requests_total{method, route, status},
@@ -74,6 +74,7 @@ class ServerMetrics:
         self.token_usage = self._gauge("token_usage", "Fraction of the KV pool held")
         self.cache_hit_rate = self._gauge("cache_hit_rate", "Cached / prompt tokens since start")
         self.gen_throughput = self._gauge("gen_throughput", "Generated tokens/s, last interval")
+        self.spec_accept_length = self._gauge("spec_accept_length", "Tokens per speculative verify step")
         self.prompt_tokens = self._counter("prompt_tokens", "Prompt tokens of finished requests")
         self.generation_tokens = self._counter("generation_tokens", "Generated tokens")
         self.cached_tokens = self._counter("cached_tokens", "Prompt tokens served from the cache")
@@ -187,6 +188,7 @@ class ServerMetrics:
         self.queued.set(state.get("waiting", 0))
         self.used_tokens.set(kv_used(state))
         self.token_usage.set(kv_usage(state))
+        self.spec_accept_length.set(state.get("spec_accept_length", 0.0))
         for key, counter in self._scheduler_totals.items():
             total = state.get(key, 0)
             if total > self._seen_totals[key]:

@@ -105,3 +105,41 @@ def test_same_tokens_with_two_tensor_parallel_ranks(default_model_path, baseline
             submit(io, f"e{i}", prompt, ignore_eos=False, **params)
         results = {rid: (r["ids"], r["finish"]) for rid, r in run_until_idle(sched, io).items()}
     assert results == baseline
+
+
+def repetitive() -> list[tuple[list[int], dict]]:
+    """Agent-like: each prompt holds a block of 'code' twice, so n-gram drafts are often right."""
+    rng = random.Random(9)
+    out = []
+    for i in range(6):
+        block = [rng.randrange(200, 40000) for _ in range(30)]
+        out.append((SYSTEM[:20] + block + [13, 13] + block[:10], {"max_new_tokens": 24}))
+    return out
+
+
+SPEC_GRID = [(True, 32, 1), (False, -1, 16)]
+
+
+@pytest.fixture(scope="module")
+def repetitive_baseline(default_model_path: str) -> dict:
+    return run(default_model_path, repetitive, disable_overlap_schedule=True, dtype="float32")[0]
+
+
+@pytest.mark.parametrize("radix,chunk,page", SPEC_GRID, ids=[f"spec-rx{r}-ch{c}-pg{p}" for r, c, p in SPEC_GRID])
+@pytest.mark.parametrize("workload", [prompts, repetitive], ids=["random", "repetitive"])
+def test_same_tokens_with_ngram_speculation(default_model_path, baseline, repetitive_baseline, radix, chunk, page,
+                                            workload) -> None:
+    results, sched = run(default_model_path, workload, disable_radix_cache=not radix, chunked_prefill_size=chunk,
+                         page_size=page, speculative_algorithm="ngram", speculative_disable_by_batch_size=64)
+    assert results == (baseline if workload is prompts else repetitive_baseline)
+    assert sched.speculator.steps > 0
+    if workload is repetitive:
+        assert sched.speculator.accepted > 0
+
+
+def test_same_tokens_with_speculation_under_retraction(default_model_path) -> None:
+    expected, _ = run(default_model_path, long_outputs, disable_overlap_schedule=True)
+    results, sched = run(default_model_path, long_outputs, chunked_prefill_size=32, max_total_tokens=320,
+                         optimistic=True, speculative_algorithm="ngram", speculative_num_draft_tokens=6,
+                         speculative_disable_by_batch_size=64)
+    assert results == expected and sched.retractions > 0 and sched.speculator.accepted > 0

@@ -12,7 +12,7 @@ from tokenizer.server_state import ServerState
 # as the parser names their families.
 SGLANG_NAMES = {
     "num_running_reqs": "gauge", "num_queue_reqs": "gauge", "num_used_tokens": "gauge", "token_usage": "gauge",
-    "cache_hit_rate": "gauge", "gen_throughput": "gauge",
+    "cache_hit_rate": "gauge", "gen_throughput": "gauge", "spec_accept_length": "gauge",
     "prompt_tokens": "counter", "generation_tokens": "counter", "cached_tokens": "counter",
     "num_requests": "counter", "num_aborted_requests": "counter", "num_retracted_requests": "counter",
     "time_to_first_token_seconds": "histogram", "inter_token_latency_seconds": "histogram",
