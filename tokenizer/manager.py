@@ -34,6 +34,7 @@ from runtime.messages import (
 )
 from runtime.sampling import SamplingParams
 from tokenizer.admission import PromptEncoder, check_admission
+from tokenizer.fanout import WARMUP_SUFFIX, Prepared
 from tokenizer.generate_body import SingleRequest, normalize_generate
 from tokenizer.limits import RequestLimits, check_grammar, check_request
 from tokenizer.request_state import Group, ReqState, apply_output, build_output
@@ -41,18 +42,7 @@ from tokenizer.request_state import Group, ReqState, apply_output, build_output
 logger = logging.getLogger("radixserve.tokenizer")
 
 CONTROL_TIMEOUT_S = 30.0
-WARMUP_SUFFIX = "_warmup"  # NOTE: "_"-separated, so aborting the parent rid aborts it too
-SEED_LIMIT = 1 << 63  # SamplingParams.seed is in [0, 2**63)
 GenerateOutput = dict[str, Any] | list[dict[str, Any]]
-
-
-@dataclasses.dataclass(slots=True)
-class _Prepared:
-    """One validated prompt: its GenerateReq (n children copy it) and its fan-out."""
-
-    req: GenerateReq
-    single: SingleRequest
-    n: int
 
 
 class TokenizerManager:
@@ -144,11 +134,11 @@ class TokenizerManager:
         self._admit(len(normalized.requests), normalized.requests[0].prompt_field)  # before tokenizing
         ids = await self.encoder.encode(normalized.requests)
         prepared = [self._prepare(single, single_ids) for single, single_ids in zip(normalized.requests, ids)]
-        self._admit(sum(len(self._rids_of(p)) for p in prepared), "n")
+        self._admit(sum(len(p.all_rids()) for p in prepared), "n")
         for p in prepared:
             await check_grammar(p.req.sampling_params)
         self._check_alive()  # the runtime may have died while the grammar check ran
-        rids = [r for p in prepared for r in self._rids_of(p)]
+        rids = [r for p in prepared for r in p.all_rids()]
         taken = [r for r in rids if r in self.rid_to_state]
         if taken or len(set(rids)) != len(rids):
             raise InvalidRequest(f"rid {(taken or rids)[0]!r} is already in use", param="rid")
@@ -163,7 +153,7 @@ class TokenizerManager:
                 self.on_reject("queue_full")
             raise
 
-    def _prepare(self, single: SingleRequest, ids: list[int]) -> _Prepared:
+    def _prepare(self, single: SingleRequest, ids: list[int]) -> Prepared:
         params = SamplingParams.from_dict(single.sampling_params)
         check_request(single, ids, params, self.limits)
         timeout = single.timeout or self.config.request_timeout
@@ -177,18 +167,10 @@ class TokenizerManager:
             top_logprobs_num=single.top_logprobs_num, stream=single.stream, extra_key=single.extra_key,
             priority=single.priority or 0,
         )
-        return _Prepared(req, single, params.n)
-
-    @staticmethod
-    def _rids(p: _Prepared) -> list[str]:
-        return [p.req.rid] if p.n == 1 else [f"{p.req.rid}_{j}" for j in range(p.n)]
-
-    def _rids_of(self, p: _Prepared) -> list[str]:
-        warm = [p.req.rid + WARMUP_SUFFIX] if p.n > 1 else []
-        return warm + self._rids(p)
+        return Prepared(req, single, params.n)
 
     async def _run(
-        self, prepared: list[_Prepared], fan_out: bool, stream: bool
+        self, prepared: list[Prepared], fan_out: bool, stream: bool
     ) -> AsyncIterator[GenerateOutput]:
         owned: list[ReqState] = []
         try:
@@ -208,16 +190,15 @@ class TokenizerManager:
             self._abort_unfinished(owned)
 
     async def _dispatch_all(
-        self, prepared: list[_Prepared], owned: list[ReqState]
+        self, prepared: list[Prepared], owned: list[ReqState]
     ) -> tuple[Group, list[ReqState]]:
         """Register every state first, then send: warm-up copies (n>1), await them, children."""
         warm_group, group = Group(), Group()
-        warm = [self._register(self._warmup_req(p), warm_group, owned, False)
+        warm = [self._register(p.warmup_req(), warm_group, owned, False)
                 for p in prepared if p.n > 1]
         children = [
-            (p.req.rid, self._register(self._child_req(p, j, rid), group, owned,
-                                       p.single.return_text_in_logprobs))
-            for p in prepared for j, rid in enumerate(self._rids(p))
+            (p.req.rid, self._register(p.child_req(j, rid), group, owned, p.single.return_text_in_logprobs))
+            for p in prepared for j, rid in enumerate(p.child_rids())
         ]
         for state in warm:
             self._send_req(state)
@@ -233,21 +214,6 @@ class TokenizerManager:
             else:
                 self._send_req(state)
         return group, [state for _, state in children]
-
-    @staticmethod
-    def _child_req(p: _Prepared, j: int, rid: str) -> GenerateReq:
-        """Sample j of a prompt; a seeded prompt gives its samples seeds seed+j, so they differ."""
-        params = p.req.sampling_params
-        if params.seed is not None and j > 0:
-            params = dataclasses.replace(params, seed=(params.seed + j) % SEED_LIMIT)
-        return dataclasses.replace(p.req, rid=rid, sampling_params=params)
-
-    @staticmethod
-    def _warmup_req(p: _Prepared) -> GenerateReq:
-        """A prefill-only copy of the prompt, so the n children share its cached prefix."""
-        params = dataclasses.replace(p.req.sampling_params, max_new_tokens=0, min_new_tokens=0)
-        return dataclasses.replace(p.req, rid=p.req.rid + WARMUP_SUFFIX, sampling_params=params,
-                                   return_logprob=False, stream=False, prefill_only_cache=True)
 
     def _register(
         self, req: GenerateReq, group: Group, owned: list[ReqState], text_in_logprobs: bool

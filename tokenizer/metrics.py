@@ -34,6 +34,8 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from tokenizer.fanout import WARMUP_SUFFIX  # the prefill-only copies of n>1 prompts: not counted
+
 if TYPE_CHECKING:
     from tokenizer.request_state import ReqState
 
@@ -42,7 +44,6 @@ logger = logging.getLogger("radixserve.metrics")
 DEFAULT_PREFIX = "radixserve"  # --metrics-prefix sglang gives SGLang's exact names
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 HEALTH_RID_PREFIX = "HEALTH_CHECK_"
-WARMUP_SUFFIX = "_warmup"  # NOTE: TokenizerManager's WARMUP_SUFFIX (prefill-only n>1 copies)
 TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 120, 160)
 ITL_BUCKETS = (0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.06,
                0.08, 0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8)

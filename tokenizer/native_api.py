@@ -12,6 +12,7 @@ import contextlib
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from runtime.config import read_model_json
 from runtime.errors import InvalidRequest
 from tokenizer.metrics import HEALTH_RID_PREFIX
 from tokenizer.streaming import last_result
@@ -73,6 +74,7 @@ async def health_generate(server: ServerState) -> bool:
 def model_info(server: ServerState) -> dict[str, Any]:
     """/get_model_info: SGLang's RuntimeEndpoint picks a chat template from `model_path`."""
     config = server.config
+    hf = read_model_json(config.model_path, "config.json") if config.model_path else {}
     return {
         "model_path": config.model_path,
         "tokenizer_path": config.tokenizer_path or config.model_path,
@@ -81,6 +83,9 @@ def model_info(server: ServerState) -> dict[str, Any]:
         "context_length": config.context_length,
         "preferred_sampling_params": None,
         "weight_version": "default",
+        # sglang-router labels its workers with these (the HF config's)
+        "model_type": hf.get("model_type"),
+        "architectures": hf.get("architectures"),
     }
 
 

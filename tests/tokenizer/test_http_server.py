@@ -189,6 +189,7 @@ def test_native_generate_stream_batch_and_logprobs(server: RunningServer) -> Non
 def test_native_info_routes(server: RunningServer) -> None:
     info = requests.get(server.url + "/get_model_info", timeout=10).json()
     assert info["is_generation"] is True and os.path.isdir(info["model_path"])
+    assert info["model_type"] == "llama" and info["architectures"] == ["LlamaForCausalLM"]
     server_info = requests.get(server.url + "/get_server_info", timeout=10).json()
     assert "api_key" not in server_info and server_info["internal_states"][0]["integrity"] == "ok"
     assert server_info["max_total_num_tokens"] == server_info["max_total_tokens"] > 0  # SGLang's names
