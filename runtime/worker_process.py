@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import multiprocessing
 import signal
+import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
@@ -49,8 +50,9 @@ def serve(conn: Connection, handle: Callable[[Any], Any]) -> None:
 
 
 class KillableWorker:
-    """One helper process, started on demand, killed on a late answer. Not thread-safe: callers
-    serialize their `ask`s (one request is in the helper at a time)."""
+    """One helper process, started on demand, killed on a late answer. Callers serialize their
+    `ask`s (one request is in the helper at a time); `kill()` may come from any thread (a
+    shutdown while an `ask` waits: the waiting `ask` then raises EOFError)."""
 
     def __init__(self, main: Callable[[Connection, Any], None], setup: Any, name: str,
                  start_timeout_s: float = DEFAULT_START_TIMEOUT_S) -> None:
@@ -60,6 +62,7 @@ class KillableWorker:
         self.start_timeout_s = start_timeout_s
         self.proc: multiprocessing.process.BaseProcess | None = None
         self.conn: Connection | None = None
+        self._lock = threading.Lock()  # guards proc/conn: kill() races a waiting ask()
 
     def ask(self, request: Any, timeout_s: float) -> Any:
         """The helper's answer to `request`.
@@ -76,14 +79,16 @@ class KillableWorker:
             self.kill()
             conn = self.ensure_started()
             conn.send(request)
-        if not conn.poll(timeout_s):
-            self.kill()
-            raise TimeoutError
         try:
-            return conn.recv()
-        except (EOFError, OSError):
+            answered = conn.poll(timeout_s)
+            reply = conn.recv() if answered else None
+        except (EOFError, OSError):  # it died, or another thread killed it (closing our pipe)
             self.kill()
             raise EOFError from None
+        if not answered:
+            self.kill()
+            raise TimeoutError
+        return reply
 
     def ensure_started(self) -> Connection:
         if self.conn is not None and self.proc is not None and self.proc.is_alive():
@@ -94,7 +99,8 @@ class KillableWorker:
         proc = ctx.Process(target=self.main, args=(child, self.setup), name=self.name, daemon=True)
         proc.start()
         child.close()
-        self.proc, self.conn = proc, parent
+        with self._lock:
+            self.proc, self.conn = proc, parent
         try:
             ready = parent.poll(self.start_timeout_s) and parent.recv() == READY
         except (EOFError, OSError):  # it exited during start-up (e.g. a missing module)
@@ -105,9 +111,13 @@ class KillableWorker:
         return parent
 
     def kill(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.join(timeout=5.0)
-        if self.conn is not None:
-            self.conn.close()
-        self.proc, self.conn = None, None
+        """Kill the helper and close the pipe; idempotent, and each is done by one caller only
+        (two threads closing one pipe would close its fd twice)."""
+        with self._lock:
+            proc, conn = self.proc, self.conn
+            self.proc, self.conn = None, None
+        if proc is not None:
+            proc.kill()
+            proc.join(timeout=5.0)
+        if conn is not None:
+            conn.close()

@@ -43,3 +43,27 @@ def test_terminate_stops_it_although_the_parent_ignores_sigterm() -> None:
     proc.join(timeout=10)
     assert proc.exitcode == -signal.SIGTERM
     worker.kill()
+
+
+def test_a_kill_from_another_thread_ends_a_waiting_ask_with_eof() -> None:
+    """A shutdown while a request waits: the waiting ask raises EOFError, and the pipe is
+    closed once (two closes of one fd raised EBADF, or closed someone else's fd)."""
+    import threading
+
+    worker = KillableWorker(echo_or_sleep, None, "test-helper")
+    worker.ensure_started()
+    outcome: list[BaseException] = []
+
+    def ask() -> None:
+        try:
+            worker.ask("sleep", timeout_s=60)
+        except BaseException as exc:  # noqa: BLE001 - the test inspects it
+            outcome.append(exc)
+
+    waiter = threading.Thread(target=ask)
+    waiter.start()
+    threading.Event().wait(0.5)  # the request is in the helper
+    for _ in range(3):
+        worker.kill()  # idempotent
+    waiter.join(timeout=30)
+    assert not waiter.is_alive() and len(outcome) == 1 and isinstance(outcome[0], EOFError), outcome
