@@ -33,6 +33,12 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return probs / probs.sum(dim=-1, keepdim=True)
 
 
+def accept_greedy(best: list[int], drafts: list[int]) -> tuple[int, int]:
+    """Greedy verification from each row's argmax `best` (k + 1 of them): (accepted, next)."""
+    accepted = next((i for i, d in enumerate(drafts) if best[i] != d), len(drafts))
+    return accepted, best[accepted]
+
+
 def verify_drafts(logits: torch.Tensor, drafts: list[int], params: SamplingParams,
                   generator: torch.Generator | None = None) -> tuple[int, int]:
     """(how many drafts are accepted, the token that follows them) for one request's k + 1
@@ -40,9 +46,7 @@ def verify_drafts(logits: torch.Tensor, drafts: list[int], params: SamplingParam
     k = len(drafts)
     assert logits.shape[0] == k + 1, (logits.shape, k)
     if params.is_greedy:
-        best = logits.argmax(dim=-1).tolist()
-        accepted = next((i for i in range(k) if best[i] != drafts[i]), k)
-        return accepted, best[accepted]
+        return accept_greedy(logits.argmax(dim=-1).tolist(), drafts)
     probs = target_probs(logits, params)
     ids = torch.tensor(drafts, dtype=torch.int64, device=probs.device)
     p_draft = probs[:k].gather(1, ids.unsqueeze(1)).squeeze(1)

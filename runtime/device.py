@@ -14,12 +14,15 @@ from __future__ import annotations
 import functools
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from runtime import env
 from runtime.errors import InvalidRequest
+
+if TYPE_CHECKING:
+    from runtime.config import ServerConfig
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -144,7 +147,7 @@ def rank_device(device_type: str, rank: int) -> torch.device:
     return torch.device(device_type)
 
 
-def threads_per_rank(config: Any) -> int | None:
+def threads_per_rank(config: ServerConfig) -> int | None:
     """Torch threads for one scheduler process: --num-threads, or with tp_size > 1 on CPU the
     cores shared out among the ranks (each would otherwise start one thread per core, and the
     ranks would fight over the cores); None leaves torch's default (all cores)."""

@@ -20,7 +20,7 @@ import torch
 from kernels.base import ForwardMetadata
 from kernels.grammar_mask import apply_token_bitmask
 from kernels.sampling import SamplingBatch, apply_penalties_and_bias, sample
-from kernels.spec_verify import verify_drafts
+from kernels.spec_verify import accept_greedy, verify_drafts
 from runtime.cuda_graph import CudaGraphRunner
 from runtime.forward_batch import UPLOADED, BatchPlan, ForwardEntry, plan_batch
 from runtime.kv_pool import KVPool, ReqToTokenPool
@@ -181,9 +181,7 @@ class ModelRunner:
             drafts = e.draft_ids or []
             end = start + len(drafts) + 1
             if e.sampling.is_greedy:  # the argmax prefix, read from the one host copy above
-                best = greedy_best[start:end]
-                count = next((k for k, d in enumerate(drafts) if best[k] != d), len(drafts))
-                next_ids[i] = best[count]
+                count, next_ids[i] = accept_greedy(greedy_best[start:end], drafts)
             else:
                 count, next_ids[i] = verify_drafts(logits[start:end], drafts, e.sampling)
             accepted[i] = drafts[:count]

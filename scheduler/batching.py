@@ -14,7 +14,7 @@ import time
 from scheduler.batch import ScheduledBatch, decode_entry, prefill_entry, speculative_entry
 from scheduler.policy import PrefillAdder, order_waiting
 from scheduler.request import Req, ReqState
-from scheduler.retract import admission_kv, decode_slots_needed, pick_victim, reserved_kv
+from scheduler.retract import decode_slots_needed, pick_victim, reserved_kv
 from scheduler.speculative import slots_to_extend
 
 logger = logging.getLogger("scheduler.scheduler")
@@ -36,19 +36,7 @@ class BatchingMixin:
             return None
         if self.priority is not None:
             self.preempt_for_urgent()
-        holding = len(self.running) + (self.chunked is not None)
-        # Mixed with the running decodes, the forward's token budget covers their tokens too,
-        # but the prompts keep at least half of it, so a mid-chunk prompt always progresses.
-        decoding = len(self.running) if self.config.enable_mixed_chunk else 0
-        max_prefill = self.config.max_prefill_tokens
-        adder = PrefillAdder(
-            cache=self.cache,
-            page_size=self.page_size,
-            reserved=sum(reserved_kv(r, self.ratio.value, self.page_size) for r in self.running),
-            rem_input=max(max_prefill - decoding, max_prefill // 2),
-            rem_chunk=None if self.chunk_size is None else max(self.chunk_size - decoding, self.chunk_size // 2),
-            rem_reqs=min(self.max_running - holding, self.rows.available()) + (self.chunked is not None),
-        )
+        adder = self.new_adder()
         chunked = self.chunked
         if chunked is not None and not adder.try_add(chunked, [], len(chunked.fill_ids) - chunked.computed):
             self.chunked = None  # running requests grew into its room: it waits like the others
@@ -65,6 +53,23 @@ class BatchingMixin:
             req.kv.extend(new)
             batch.add(req, prefill_entry(req, extend), prefill=True)
         return batch
+
+    def new_adder(self) -> PrefillAdder:
+        """This round's prefill budgets: KV beyond what running requests will still take, tokens,
+        chunk and request rows."""
+        holding = len(self.running) + (self.chunked is not None)
+        # Mixed with the running decodes, the forward's token budget covers their tokens too,
+        # but the prompts keep at least half of it, so a mid-chunk prompt always progresses.
+        decoding = len(self.running) if self.config.enable_mixed_chunk else 0
+        max_prefill = self.config.max_prefill_tokens
+        return PrefillAdder(
+            cache=self.cache,
+            page_size=self.page_size,
+            reserved=sum(reserved_kv(r, self.ratio.value, self.page_size) for r in self.running),
+            rem_input=max(max_prefill - decoding, max_prefill // 2),
+            rem_chunk=None if self.chunk_size is None else max(self.chunk_size - decoding, self.chunk_size // 2),
+            rem_reqs=min(self.max_running - holding, self.rows.available()) + (self.chunked is not None),
+        )
 
     def add_decodes(self, batch: ScheduledBatch) -> None:
         """Mixed chunk: every running request decodes one token in the prefill's forward, so a
@@ -168,14 +173,12 @@ class BatchingMixin:
             self.retract(victim)
 
     def fits_now(self, req: Req) -> bool:
-        """Would `req` be admitted if it were first in the queue (rows, then KV, as PrefillAdder counts)?"""
-        holding = len(self.running) + (self.chunked is not None)
-        if holding >= self.max_running or not self.rows.available():
+        """Would `req` be admitted if it were first in the queue (a row, then its KV)?"""
+        adder = self.new_adder()
+        if adder.rem_reqs <= 0:
             return False
         cached = len(self.cache.match(req.fill_ids[: req.max_prefix_len()], req.extra_key).indices)
-        reserved = sum(reserved_kv(r, self.ratio.value, self.page_size) for r in self.running)
-        room = self.cache.available() + self.cache.evictable_size - reserved
-        return admission_kv(req, self.page_size) - cached <= room
+        return adder.kv_fits(req, cached)
 
     def retract(self, req: Req) -> None:
         """Back to the front of the queue, output kept; its computed KV goes to the cache."""

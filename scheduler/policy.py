@@ -108,11 +108,14 @@ class PrefillAdder:
     def budget_left(self) -> bool:
         return self.rem_input > 0 and (self.rem_chunk is None or self.rem_chunk > 0) and self.rem_reqs > 0
 
+    def kv_fits(self, req: Req, cached: int) -> bool:
+        """Does the KV `req` asks for, beyond its `cached` prefix, fit what is left?"""
+        return admission_kv(req, self.page_size) - cached <= self.rem_kv()
+
     def try_add(self, req: Req, prefix: list[int], extend: int) -> bool:
         """Admit `req` (its locked prefix match already in `prefix`) computing up to `extend`
         tokens now; returns False when it does not fit (the caller stops admitting)."""
-        total_need = admission_kv(req, self.page_size) - len(prefix)
-        if total_need > self.rem_kv():
+        if not self.kv_fits(req, len(prefix)):
             return False
         if self.admitted and extend > self.rem_input:
             return False
@@ -122,7 +125,7 @@ class PrefillAdder:
                 return False
             self.new_chunked = req
         self.admitted.append((req, extend))
-        self.reserved += total_need
+        self.reserved += admission_kv(req, self.page_size) - len(prefix)
         self.rem_input -= extend
         if self.rem_chunk is not None:
             self.rem_chunk -= extend

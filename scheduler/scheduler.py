@@ -92,9 +92,9 @@ class Scheduler(BatchingMixin):
         self.retractions = 0
         self.priority = PriorityRules.from_config(config)  # None: priorities are not used
         self.preemptions = 0  # retractions for a more urgent request
-        self.mixed_steps = 0
+        self.mixed_steps = 0  # forwards that ran a prefill and the running decodes together
         self.batch_log = BatchLog(logger)  # SGLang's per-batch lines, at debug level
-        self.speculator = Speculator.from_config(config)  # None: no speculative decoding  # forwards that ran a prefill and the running decodes together
+        self.speculator = Speculator.from_config(config)  # None: no speculative decoding
         self.dispatch = TypeDispatcher({
             GenerateReq: self.handle_generate,
             AbortReq: self.handle_abort,
@@ -347,10 +347,7 @@ class Scheduler(BatchingMixin):
             "integrity": integrity,
             "retractions": self.retractions,
             "preemptions": self.preemptions,
-            "spec_verify_steps": self.speculator.steps if self.speculator else 0,
-            "spec_proposed": self.speculator.proposed if self.speculator else 0,
-            "spec_accepted": self.speculator.accepted if self.speculator else 0,
-            "spec_accept_length": self.speculator.accept_length if self.speculator else 0.0,
+            **(self.speculator or Speculator.off()).state(),
             "deadline_expired": self.deadlines.expired_count,
             "evicted_tokens": self.cache.evicted_tokens,
             "mixed_steps": self.mixed_steps,

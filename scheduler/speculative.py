@@ -76,6 +76,15 @@ class Speculator:
         self.proposed += proposed
         self.accepted += accepted
 
+    @classmethod
+    def off(cls) -> Speculator:
+        """A speculator that never ran (its state() is all zeros)."""
+        return cls(0, 1, 1, 0)
+
+    def state(self) -> dict[str, float]:
+        return {"spec_verify_steps": self.steps, "spec_proposed": self.proposed, "spec_accepted": self.accepted,
+                "spec_accept_length": self.accept_length}
+
     @property
     def accept_length(self) -> float:
         """Tokens per verify step (accepted drafts + the one after them), SGLang's accept length."""

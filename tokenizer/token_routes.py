@@ -41,7 +41,8 @@ async def tokenize(server: ServerState, body: Any) -> dict[str, Any]:
 async def detokenize(server: ServerState, body: Any) -> dict[str, Any]:
     body = _object(body)
     tokens = body.get("tokens")
-    vocab = server.manager().scheduler_info.get("vocab_size") or len(server.manager().tokenizer)
+    tm = server.manager()
+    vocab = tm.scheduler_info.get("vocab_size") or len(tm.tokenizer)
     if (not isinstance(tokens, list) or len(tokens) > MAX_DETOKENIZE_IDS
             or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in tokens)):
         raise InvalidRequest(f"tokens must be a list of at most {MAX_DETOKENIZE_IDS} token ids in [0, {vocab})",
@@ -49,7 +50,7 @@ async def detokenize(server: ServerState, body: Any) -> dict[str, Any]:
     skip = body.get("skip_special_tokens", False)
     if not isinstance(skip, bool):
         raise InvalidRequest("skip_special_tokens must be a boolean", param="skip_special_tokens")
-    return {"text": server.manager().tokenizer.decode(tokens, skip_special_tokens=skip)}
+    return {"text": tm.tokenizer.decode(tokens, skip_special_tokens=skip)}
 
 
 def _object(body: Any) -> dict[str, Any]:

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from runtime.stop import partial_stop_suffix_len
+
 
 @dataclass(frozen=True, slots=True)
 class ReasoningFormat:
@@ -77,30 +79,16 @@ class ReasoningStream:
         stripped = text.lstrip()
         if not finished and not fmt.opened_in_prompt and fmt.start.startswith(stripped):
             return "", ""  # blank so far, or a partial opening tag: undecided
-        if finished:
-            split = split_reasoning(text, fmt)
-            reasoning, content = split.reasoning or "", split.content
-        else:
-            split = split_reasoning(text, fmt)
+        split = split_reasoning(text, fmt)
+        reasoning, content = split.reasoning or "", split.content
+        if not finished:
             if split.reasoning is None:
                 return "", text
             if split.open:  # send what cannot be trailing whitespace or part of the closing tag
-                begin = _reasoning_start(text, fmt) or 0
-                body = text[begin:].lstrip()
-                reasoning = body[: len(body) - _held(body, fmt.end)].rstrip()
                 if not self.stream_reasoning:
                     return "", ""
-            else:
-                reasoning = split.reasoning
-            content = split.content
+                body = text[_reasoning_start(text, fmt) or 0:].lstrip()
+                reasoning = body[: len(body) - partial_stop_suffix_len(body, [fmt.end])].rstrip()
         delta = reasoning[self.sent:]
         self.sent = len(reasoning)
         return delta, content
-
-
-def _held(text: str, tag: str) -> int:
-    """The length of the longest end of `text` that may begin `tag`."""
-    for k in range(min(len(text), len(tag) - 1), 0, -1):
-        if tag.startswith(text[-k:]):
-            return k
-    return 0

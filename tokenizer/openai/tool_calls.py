@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.json_text import client_json
+from runtime.stop import partial_stop_suffix_len
 
 OPEN_TAG, CLOSE_TAG = "<tool_call>", "</tool_call>"
 PYTHON_TAG = "<|python_tag|>"
@@ -210,14 +211,6 @@ def _as_call(text: str, names: Collection[str]) -> ToolCall | None:
     return ToolCall(obj["name"], json.dumps(args, ensure_ascii=False), new_call_id())
 
 
-def _held_suffix(text: str) -> int:
-    """The length of the longest end of `text` that may begin an OPEN_TAG."""
-    for k in range(min(len(text), len(OPEN_TAG) - 1), 0, -1):
-        if OPEN_TAG.startswith(text[-k:]):
-            return k
-    return 0
-
-
 class ToolCallStream:
     """One streamed choice: content is sent as soon as it cannot be part of a call; what may be
     a call is held and parsed when the output finishes.
@@ -248,7 +241,7 @@ class ToolCallStream:
         if self.parser == "llama3":
             return len(text)
         start = text.find(OPEN_TAG)
-        return start if start >= 0 else len(text) - _held_suffix(text)
+        return start if start >= 0 else len(text) - partial_stop_suffix_len(text, [OPEN_TAG])
 
     def _finish(self, text: str) -> tuple[str, list[ToolCall]]:
         parsed = parse_tool_calls(text, self.names, "auto" if self.forced else self.parser)
