@@ -5,7 +5,9 @@
 
 Builds live in `<RADIXSERVE_CACHE_DIR>/ext/<key>/` (see kernels/cpu_ext.py for the key).
 Serving never compiles: without a build it logs one warning and uses the torch path.
-`RADIXSERVE_CPU_KERNELS=0` turns the kernels off.
+`RADIXSERVE_CPU_KERNELS=0` turns the kernels off. `RADIXSERVE_CPU_KERNELS_MARCH=x86-64-v3` builds
+and loads the AVX2 build instead of the native one (in `ext/x86-64-v3/<key>/`, so neither build
+clears the other): the AVX2 emulation run uses it, so the kernels' AVX2 code really runs there.
 """
 
 from __future__ import annotations
@@ -31,7 +33,17 @@ def kernels_dir() -> Path:
             flags = " ".join(sorted(read_cpu_flags(fh.read())))
     except OSError:
         flags = "unknown"
-    return env.cache_dir() / "ext" / cpu_ext.build_key(flags)
+    march = kernels_march()
+    root = env.cache_dir() / "ext"
+    return (root if march == "native" else root / march) / cpu_ext.build_key(flags, march)
+
+
+def kernels_march() -> str:
+    """The -march of the build to use (`RADIXSERVE_CPU_KERNELS_MARCH`, default native)."""
+    march = env.get_str("CPU_KERNELS_MARCH", "native")
+    if march not in cpu_ext.MARCHES:
+        raise ValueError(f"RADIXSERVE_CPU_KERNELS_MARCH must be one of {cpu_ext.MARCHES}, got {march!r}")
+    return march
 
 
 @functools.cache
@@ -48,4 +60,4 @@ def load_cpu_kernels() -> ModuleType | None:
 if __name__ == "__main__":
     if sys.argv[1:2] != ["build"]:
         raise SystemExit("usage: python -m runtime.cpu_kernels build [-v]")
-    print(cpu_ext.build(kernels_dir(), verbose="-v" in sys.argv))
+    print(cpu_ext.build(kernels_dir(), kernels_march(), verbose="-v" in sys.argv))

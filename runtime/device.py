@@ -127,10 +127,16 @@ def cpu_capability() -> CpuCapability:
 
 def emulation_env(level: str) -> dict[str, str]:
     """Environment that makes torch and oneDNN behave as on a CPU of `level` ("avx2" only: the
-    one CPU we can emulate from a bigger one). Set it before torch is imported (a subprocess)."""
+    one CPU we can emulate from a bigger one). Set it before torch is imported (a subprocess).
+
+    torch's and oneDNN's own dispatch then pick their AVX2 kernels, and our C++ kernels load
+    their x86-64-v3 (AVX2) build. What it cannot change: code compiled into torch for the whole
+    library rather than dispatched by capability, and anything keyed on cpuinfo flags directly.
+    """
     if level != "avx2":
         raise ValueError(f"only the avx2 CPU can be emulated, not {level!r}")
-    return {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    return {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+            "RADIXSERVE_CPU_KERNELS_MARCH": "x86-64-v3"}
 
 
 def resolve_device(name: str) -> torch.device:

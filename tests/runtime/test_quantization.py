@@ -1,24 +1,28 @@
 """Weight-only int8 on the default model against the unquantized model in the same dtype.
 
-The accuracy bar: greedy tokens of the chat prompts equal the unquantized model's on at least
-3 of 4 prompts for 32 tokens, and the mean log-prob of a reference answer (the unquantized
-model's own) stays within 0.05 nats/token. Everything runs one request at a time, so every
-decode step goes through the int8 kernel (calls of at most INT8_MAX_ROWS rows).
+The accuracy bar is measured teacher-forced, on the unquantized model's own greedy answers to 4
+chat prompts (32 tokens each), so one early divergence does not decide the rest:
+- the mean per-token log-prob of those answers moves by at most DRIFT_BAR nats/token;
+- int8's argmax agrees with the reference token on at least AGREE_BAR of the positions;
+- the int8 kernel actually ran (its calls are counted), one request at a time, so every decode
+  step goes through it (calls of at most INT8_MAX_ROWS rows).
 
-fp32 (the dtype of CPUs without native bf16, where int8 pays most) meets the whole bar. In bf16
-greedy tokens of these prompts are at the rounding noise: the *unquantized* model run once with
-our C++ decode kernel and once with torch's SDPA (both exact up to bf16 rounding) agrees on only
-1 of the 4 for 32 tokens (before the top logits were refined in fp32; int8 against bf16 now agrees
-on 2 of 4 on the AVX-512 machine). So in bf16 the log-prob bar is what is asserted, and the README
-states the token agreement measured.
+Measured values (in the README) and why the bars sit where they do: drift 0.002-0.015
+nats/token per prompt on the AVX-512 machine in fp32 and bf16, far under 0.05. Free-running
+greedy equality was the old bar and it failed on an AVX2 CPU (2 of 4 prompts equal where the
+AVX-512 machine had 3): a near-tie flips with rounding that differs by CPU, and everything after
+it differs too. Teacher forcing counts each near-tie once.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import pytest
 import torch
 import transformers
 
+import kernels.linear
 from runtime.static_batch import StaticBatch
 
 pytestmark = pytest.mark.slow
@@ -30,40 +34,73 @@ CHAT_PROMPTS = [
     "Explain what a radix tree is in one sentence.",
 ]
 NEW_TOKENS = 32
-MIN_SAME = {"float32": 3, "bfloat16": 0}
+DRIFT_BAR = 0.05  # nats/token, mean over the prompts
+AGREE_BAR = 0.85  # fraction of teacher-forced positions whose argmax is the reference token
 
 
-def _score(engine: StaticBatch, prompt: list[int], answer: list[int]) -> float:
-    """Mean log-prob of `answer` after `prompt`, teacher-forced one decode step at a time."""
+@dataclass
+class Scored:
+    logprobs: list[float]  # of each reference token
+    argmax: list[int]  # the model's own choice at each position
+
+
+def _score(engine: StaticBatch, prompt: list[int], answer: list[int]) -> Scored:
+    """Teacher-force `answer` after `prompt`, one decode step at a time."""
     seq = engine.new_seq(prompt)
-    total = 0.0
+    scored = Scored([], [])
     for token in answer:
-        logits = engine.step([seq], keep_logits=True).last_logits[0]
-        total += float(torch.log_softmax(logits.float(), dim=-1)[token])
+        logits = engine.step([seq], keep_logits=True).last_logits[0].float()
+        scored.logprobs.append(float(torch.log_softmax(logits, dim=-1)[token]))
+        scored.argmax.append(int(logits.argmax()))
         seq.tokens.append(token)
     engine.release([seq])
-    return total / len(answer)
+    return scored
+
+
+class CountingInt8:
+    """Counts calls of the int8 kernel (kernels.linear._int8_linear) while installed."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls = 0
+        inner = kernels.linear._int8_linear
+
+        def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+            self.calls += 1
+            return inner(*args, **kwargs)
+
+        monkeypatch.setattr(kernels.linear, "_int8_linear", counted)
+
+
+def _chat_prompts(model_path: str) -> list[list[int]]:
+    tok = transformers.AutoTokenizer.from_pretrained(model_path)
+    texts = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
+             for p in CHAT_PROMPTS]
+    return [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_int8_meets_the_accuracy_bar(default_model_path: str, dtype: str) -> None:
-    tok = transformers.AutoTokenizer.from_pretrained(default_model_path)
-    prompts = [tok(tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
-                                           tokenize=False), add_special_tokens=False)["input_ids"]
-               for p in CHAT_PROMPTS]
+def test_int8_meets_the_accuracy_bar(default_model_path: str, dtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    prompts = _chat_prompts(default_model_path)
     kw = dict(dtype=dtype, max_total_tokens=2048, max_running_requests=2)
     plain = StaticBatch.create(default_model_path, **kw)
     int8 = StaticBatch.create(default_model_path, quantization="int8", **kw)
     assert int8.runner.model.model.layers[0].mlp.down_proj.q_weight is not None
     assert int8.runner.model.lm_head.q_weight is None  # full precision, see CausalLM.quantize_int8
-    same, drift = 0, []
+    counter = CountingInt8(monkeypatch)
+    drift, agree, positions = [], 0, 0
     for prompt in prompts:
         reference = plain.generate_greedy([prompt], NEW_TOKENS)[0]
-        ours = int8.generate_greedy([prompt], NEW_TOKENS)[0]
-        same += ours == reference
-        drift.append(abs(_score(int8, prompt, reference) - _score(plain, prompt, reference)))
-    assert same >= MIN_SAME[dtype], same
-    assert sum(drift) / len(drift) <= 0.05, drift
+        before = counter.calls
+        ours, base = _score(int8, prompt, reference), _score(plain, prompt, reference)
+        # 4 linears a layer (qkv, o, gate_up, down) in every decode step of one row
+        assert counter.calls - before >= 4 * len(int8.runner.model.model.layers) * (len(reference) - 1)
+        drift.append(abs(sum(ours.logprobs) - sum(base.logprobs)) / len(reference))
+        agree += sum(a == t for a, t in zip(ours.argmax, reference))
+        positions += len(reference)
+    print(f"{dtype}: drift per prompt {[round(d, 4) for d in drift]}, argmax agreement {agree}/{positions}")
+    assert sum(drift) / len(drift) <= DRIFT_BAR, drift
+    assert agree >= AGREE_BAR * positions, (agree, positions)
     if dtype == "float32":  # in bf16 the first token is a near-tie ("The" / "L'", 0.1 nats apart)
+        tok = transformers.AutoTokenizer.from_pretrained(default_model_path)
         answer = tok.decode(int8.generate_greedy([prompts[0]], 8)[0])
         assert "Paris" in answer, answer
