@@ -182,6 +182,11 @@ class BatchTokenOut:
 # ---------------------------------------------------------------- detokenizer -> main process
 
 
+FAILED_KEY = "detokenizer_failed"
+"""In a BatchStrOut finish_reason: the detokenizer failed this request (its output could not be
+decoded) while the scheduler may still be running it; the main process aborts it there."""
+
+
 @message
 @dataclass(slots=True)
 class BatchStrOut:
@@ -255,3 +260,30 @@ class ChildReady:
 
     process: str
     info: dict[str, Any]
+
+
+# ---------------------------------------------------------------- between tensor-parallel ranks
+# Rank 0 -> ranks 1.. over the group's private channel (runtime/tp_group.py, runtime/tp_worker.py).
+
+
+@message
+@dataclass(slots=True)
+class TPSharedMemory:
+    """The path of the group's shared-memory mapping, which rank 0 has just created."""
+
+    path: str
+
+
+@message
+@dataclass(slots=True)
+class TPStep:
+    """Run this forward. `entries` are ForwardEntry wire lists (`runtime.tp_worker.entry_to_wire`)."""
+
+    entries: list[list[Any]]
+    keep_logits: bool
+
+
+@message
+@dataclass(slots=True)
+class TPStop:
+    """Rank 0's scheduler stopped: leave the group and exit."""

@@ -11,6 +11,13 @@ Layout of the mapping (a file in /dev/shm, unlinked as soon as every rank has ma
 crash cannot leave it behind): one int64 control word per rank, then for each of 2 buffers
 (alternating by sequence parity) one data slot of SLOT_BYTES per rank.
 
+Privacy: the mapping carries embedding sums and logits, which give the prompt back, and /dev/shm
+is writable by every local user. Rank 0 creates the file under an unguessable name with O_EXCL,
+O_NOFOLLOW and mode 0600, so a file or symlink planted at the path fails the start instead of
+being used; every rank maps it only after fstat shows a regular file of ours, mode 0600 or
+stricter, of exactly the expected size. The path reaches the other ranks over the group's
+private channel (runtime/tp_group.py).
+
 Invariants:
   - Every rank calls the same collectives in the same order (the caller's contract), so call
     number s is the same collective on every rank.
@@ -30,6 +37,8 @@ from __future__ import annotations
 import mmap
 import os
 import platform
+import secrets
+import stat
 import time
 
 import numpy as np
@@ -39,23 +48,62 @@ SLOT_BYTES = 8 << 20  # per rank and buffer: hidden states of a 2048-token chunk
 CONTROL_BYTES = 64  # per rank: its sequence number, one cache line each
 PEER_CHECK_S = 0.5
 YIELD_AFTER = 2000  # spins before each sched_yield(), so other processes on the cores get a turn
+SHM_DIR = "/dev/shm"
 
 
 def available() -> bool:
-    return platform.machine().lower() in ("x86_64", "amd64") and os.path.isdir("/dev/shm")
+    return platform.machine().lower() in ("x86_64", "amd64") and os.path.isdir(SHM_DIR)
 
 
 def mapping_size(size: int) -> int:
     return size * CONTROL_BYTES + 2 * size * SLOT_BYTES
 
 
+def new_path() -> str:
+    """A fresh, unguessable path for a group's mapping."""
+    return os.path.join(SHM_DIR, f"radixserve-tp-{secrets.token_hex(16)}")
+
+
+def open_checked(path: str, size: int) -> int:
+    """An O_RDWR descriptor of the mapping's file, after checking it is the file rank 0 made.
+
+    Raises:
+        RuntimeError: a symlink, not a regular file, not ours, readable or writable by others, or
+            not `mapping_size(size)` bytes.
+    """
+    try:
+        # O_NONBLOCK: a FIFO planted at the path must fail the checks, not hang the open.
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as e:  # ELOOP: a symlink
+        raise RuntimeError(f"cannot open tensor-parallel shared memory {path}: {e}") from None
+    st = os.fstat(fd)
+    problem = _problem(st, mapping_size(size))
+    if problem:
+        os.close(fd)
+        raise RuntimeError(f"refusing tensor-parallel shared memory {path}: {problem}")
+    return fd
+
+
+def _problem(st: os.stat_result, want_bytes: int) -> str:
+    """Why a file with status `st` is not our mapping ("" when it is)."""
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file"
+    if st.st_uid != os.getuid():
+        return f"owned by uid {st.st_uid}, not {os.getuid()}"
+    if st.st_mode & 0o077:
+        return f"mode {stat.S_IMODE(st.st_mode):04o} lets other users in"
+    if st.st_size != want_bytes:
+        return f"{st.st_size} bytes, expected {want_bytes}"
+    return ""
+
+
 class ShmCollectives:
-    """One rank's view of the shared mapping. `path` must exist with `mapping_size(size)` bytes."""
+    """One rank's view of the shared mapping, a file made by `ShmCollectives.create(path, size)`."""
 
     def __init__(self, path: str, rank: int, size: int, peer_pids: list[int]) -> None:
         self.rank, self.size = rank, size
         self.peer_pids = [pid for r, pid in enumerate(peer_pids) if r != rank]
-        fd = os.open(path, os.O_RDWR)
+        fd = open_checked(path, size)
         try:
             self.mem = mmap.mmap(fd, mapping_size(size))
         finally:
@@ -67,8 +115,26 @@ class ShmCollectives:
 
     @staticmethod
     def create(path: str, size: int) -> None:
-        with open(path, "wb") as fh:
-            fh.truncate(mapping_size(size))
+        """Create the mapping's file for a group of `size` ranks: new (never an existing file or a
+        symlink), ours, mode 0600.
+
+        Raises:
+            RuntimeError: something already exists at `path` (planted by another user, or a stale run).
+        """
+        flags = os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_RDWR | os.O_CLOEXEC
+        try:
+            fd = os.open(path, flags, 0o600)
+        except FileExistsError:
+            raise RuntimeError(f"refusing to use {path} for tensor-parallel shared memory: something "
+                               "already exists there (a planted file or symlink?)") from None
+        try:
+            os.fchmod(fd, 0o600)  # exactly 0600 whatever the umask took away
+            os.ftruncate(fd, mapping_size(size))
+        except BaseException:
+            os.unlink(path)
+            raise
+        finally:
+            os.close(fd)
 
     def fits(self, x: torch.Tensor) -> bool:
         return x.numel() * x.element_size() <= SLOT_BYTES

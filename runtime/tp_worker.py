@@ -12,7 +12,8 @@ helper process whenever they end, admission of a waiting request depends on when
 ready. Schedulers fed the same messages would part the first time a compile finished between
 two steps on one rank and not on another, and that parting is silent: two ranks writing one
 request's KV to different slots. One scheduler cannot disagree with itself. The cost is the
-step's description (a few KB of ForwardEntry, pickled) broadcast each step, and ranks 1.. hold
+step's description (a few KB: a `TPStep` of ForwardEntry wire lists, JSON through
+`runtime.codec` over the group's private channel, never pickle) sent each step, and ranks 1.. hold
 no requests, no prefix cache and no sockets: only the model, their KV heads and the request table,
 which the broadcast entries keep identical to rank 0's.
 
@@ -22,12 +23,14 @@ samplers ever disagreed.
 
 Failure: a follower that dies is a child death for the launcher's watcher (every in-flight
 request fails, the server exits), and rank 0's next collective fails too; if rank 0 dies, the
-followers' broadcast fails and they exit. A follower that hangs stalls rank 0 inside a
-collective, which the scheduler's watchdog reports.
+followers notice within a second while waiting for the next step (runtime/tp_group.py), or at
+their next collective, and exit. A follower that hangs stalls rank 0 inside a collective, which
+the scheduler's watchdog reports.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -37,16 +40,21 @@ from typing import TYPE_CHECKING, Any
 
 from runtime.codec import encode
 from runtime.config import ServerConfig, read_model_json
-from runtime.messages import ChildReady, SchedulerCrashed
+from runtime.forward_batch import ForwardEntry
+from runtime.messages import ChildReady, SchedulerCrashed, TPStep, TPStop
+from runtime.sampling import SamplingParams
 
 if TYPE_CHECKING:
-    from runtime.model_runner import ForwardEntry, ModelRunner
+    from runtime.model_runner import ModelRunner
     from runtime.model_setup import LoadedModel
     from runtime.tp_group import TPGroup
 
 logger = logging.getLogger("radixserve.tp")
 
-STOP = None  # broadcast by rank 0 when its scheduler stops
+# A ForwardEntry on the wire: its fields in declaration order, JSON types only.
+_ENTRY_FIELDS = tuple(f.name for f in dataclasses.fields(ForwardEntry))
+_SAMPLING = _ENTRY_FIELDS.index("sampling")
+_BITMASK = _ENTRY_FIELDS.index("token_bitmask")
 
 
 def rank_name(rank: int) -> str:
@@ -61,16 +69,48 @@ class StepBroadcaster:
         self.group = group
 
     def send(self, entries: list[ForwardEntry], keep_logits: bool) -> None:
-        self.group.broadcast_object((entries, keep_logits))
+        self.group.broadcast_message(TPStep([entry_to_wire(e) for e in entries], keep_logits))
 
     def close(self) -> None:
-        """Release the followers (they exit) and leave the group. A follower already gone (the
+        """Release the followers (they exit) and leave the group. A follower stuck or gone (the
         launcher reported its death, which is why the scheduler stops) is only logged."""
         try:
-            self.group.broadcast_object(STOP)
-        except RuntimeError as exc:
-            logger.warning("a tensor-parallel rank was gone at shutdown: %s", str(exc).splitlines()[0])
+            self.group.broadcast_message(TPStop())
+        except ConnectionError as exc:
+            logger.warning("a tensor-parallel rank was gone at shutdown: %s", exc)
         self.group.close()
+
+
+def entry_to_wire(entry: ForwardEntry) -> list[Any]:
+    """`entry` as JSON types: its fields in order, sampling as a dict, the bitmask as ints."""
+    wire = [getattr(entry, name) for name in _ENTRY_FIELDS]
+    wire[_SAMPLING] = entry.sampling.to_dict()
+    if entry.token_bitmask is not None:
+        wire[_BITMASK] = entry.token_bitmask.tolist()
+    return wire
+
+
+def entry_from_wire(wire: list[Any]) -> ForwardEntry:
+    """The ForwardEntry `entry_to_wire` described."""
+    import torch  # here, not at the top: the launcher imports this module for its entry point
+
+    if len(wire) != len(_ENTRY_FIELDS):
+        raise ValueError(f"a ForwardEntry has {len(_ENTRY_FIELDS)} fields, the wire list {len(wire)}")
+    values = list(wire)
+    values[_SAMPLING] = _sampling_from_wire(values[_SAMPLING])
+    if values[_BITMASK] is not None:
+        values[_BITMASK] = torch.tensor(values[_BITMASK], dtype=torch.int32)
+    return ForwardEntry(*values)
+
+
+def _sampling_from_wire(d: dict[str, Any]) -> SamplingParams:
+    """`SamplingParams.to_dict`'s output back, without `from_dict`'s checks: rank 0 checked these
+    params when the request came in, and at ~17 us each they would cost a batch of 16 more than
+    the rest of the step's encoding."""
+    params = SamplingParams(**d)
+    if params.logit_bias is not None:  # JSON made the token ids strings
+        params.logit_bias = {int(k): float(v) for k, v in params.logit_bias.items()}
+    return params
 
 
 def load_rank(config: ServerConfig, ipc_path: str, rank: int) -> LoadedModel:
@@ -89,13 +129,13 @@ def load_rank(config: ServerConfig, ipc_path: str, rank: int) -> LoadedModel:
 
 
 def follow_steps(runner: ModelRunner, group: TPGroup) -> None:
-    """Run every step rank 0 broadcasts, until it broadcasts STOP."""
+    """Run every step rank 0 sends, until it sends TPStop."""
     while True:
-        step: Any = group.broadcast_object(None)
-        if step is STOP:
+        step = group.broadcast_message(None)
+        if isinstance(step, TPStop):
             return
-        entries, keep_logits = step
-        runner.forward(entries, keep_logits)
+        assert isinstance(step, TPStep), f"expected TPStep, got {type(step).__name__}"
+        runner.forward([entry_from_wire(w) for w in step.entries], step.keep_logits)
 
 
 def run_tp_rank_process(config: ServerConfig, ipc_path: str, ready_conn: Connection, rank: int) -> None:

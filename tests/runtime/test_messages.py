@@ -22,6 +22,9 @@ from runtime.messages import (
     SchedulerCrashed,
     ShutdownReq,
     StateOut,
+    TPSharedMemory,
+    TPStep,
+    TPStop,
     message,
 )
 from runtime.sampling import SamplingParams
@@ -94,6 +97,9 @@ SAMPLES = [
     SchedulerCrashed("scheduler", "Traceback (most recent call last):\n  ValueError: ∅"),
     ChildReady("detokenizer", {}),
     ChildReady("scheduler", {"max_total_tokens": 4096, "max_running_requests": 64}),
+    TPSharedMemory("/dev/shm/radixserve-tp-0123"),
+    TPStep([[3, [1, 2], 0, [5, 6], 0, {"temperature": 0.5}, [], [], False, 0, 0, None, False, None, None]], True),
+    TPStop(),
 ]
 
 
