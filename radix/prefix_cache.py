@@ -194,6 +194,11 @@ class BasePrefixCache(ABC):
             held_by_requests: sum of `owned_slots(...)` over running requests.
         """
         self.allocator.check_integrity()
+        self.check_counts(held_by_requests)
+
+    def check_counts(self, held_by_requests: int = 0) -> None:
+        """The equation of `check_integrity` alone, from the O(1) counters (the allocator's free
+        count, the tree's incremental sizes): cheap enough for every state poll."""
         avail, total = self.available(), self.total
         ev, prot = self.evictable_size, self.protected_size
         assert avail + ev + prot + held_by_requests == total, (

@@ -21,10 +21,12 @@ A check costs one pipe round trip plus the build (well under 1 ms for typical in
 costs ~330 MB resident and 2-4 s to start (call `default_checker().start()` at launch to keep
 that off the first grammar request). xgrammar does release the GIL while building, so a thread
 would not block the event loop, but the points above still stand. Verdicts
-(pass, error, timeout, crash) are kept in an LRU keyed by spec, so a repeated schema skips the
-worker and a repeated pathological one does not cost another timeout. Checks are serialized on
-the one worker: a slow spec delays other grammar checks by at most `CHECK_TIMEOUT_S`, and never
-requests without a grammar (the async form waits on a thread, off the event loop).
+(built, or xgrammar's error) are kept in an LRU keyed by spec, so a repeated schema skips the
+worker. A timeout or a crash is refused but not cached: under load a valid schema can time out
+once, and must not stay refused; a repeated pathological one costs its timeout (and a worker
+restart) each time. Checks are serialized on the one worker: a slow spec delays other grammar
+checks by at most `CHECK_TIMEOUT_S`, and never requests without a grammar (the async form waits
+on a thread, off the event loop).
 
 `$$ANY$$` as `json_schema` (SGLang's sentinel for OpenAI `response_format: json_object`) is kind
 "json_object": xgrammar's builtin JSON grammar, whose root is any JSON object or array.
@@ -194,15 +196,16 @@ class GrammarChecker:
             if spec in self._verdicts:
                 self._verdicts.move_to_end(spec)
                 return self._verdicts[spec]
+        # NOTE: only a verdict the build itself gave is cached. A timeout or a crash may be the
+        # load's doing, not the grammar's, and the worker's failure to start is neither.
         try:
             with self._worker_lock:
                 verdict = self._worker.ask((spec.kind, spec.source), self.timeout_s)
         except TimeoutError:
-            verdict = f"{spec.param} took longer than {self.timeout_s:g} s to build; simplify it"
+            return f"{spec.param} took longer than {self.timeout_s:g} s to build; simplify it"
         except EOFError:
-            verdict = f"{spec.param} crashed the grammar validator"
+            return f"{spec.param} crashed the grammar validator"
         except (RuntimeError, OSError) as e:
-            # Not the grammar's fault, so not cached: the next check retries the worker.
             return f"grammar-constrained decoding is unavailable: {e}"
         with self._cache_lock:
             self._verdicts[spec] = verdict

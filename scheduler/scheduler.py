@@ -80,7 +80,8 @@ class Scheduler(BatchingMixin):
         self.chunked: Req | None = None  # the one request whose prompt is mid-way through chunks
         self.finished_out: list[Req] = []  # finished outside a forward (abort, rejection)
         self.grammars = grammars or GrammarQueue(None)
-        self.deadlines = Deadlines()
+        self.deadlines = Deadlines()  # rids of live requests with a deadline (never the Req)
+        self.deadline_expired = 0  # requests aborted because their deadline passed
         self.live: RidIndex[Req] = RidIndex()  # every request from arrival until its end is sent
         self.clock: Callable[[], float] = time.time  # the deadlines' clock (tests move it by hand)
         self.progress_at = time.monotonic()  # stamped by every loop iteration (the watchdog reads it)
@@ -130,7 +131,6 @@ class Scheduler(BatchingMixin):
     def on_idle(self) -> None:
         self.check_idle_integrity()
         self.ratio.reset()
-        self.deadlines.clear()  # only finished requests are left in it
         self.checked_idle = True
 
     @property
@@ -144,8 +144,11 @@ class Scheduler(BatchingMixin):
 
     def expire_overdue(self) -> None:
         """Abort the requests whose deadline passed, in whatever state they are."""
-        expired = self.deadlines.pop_expired(self.clock())
-        self.abort_reqs(expired, "the request's deadline passed (its timeout)")  # type: ignore[arg-type]
+        rids = self.deadlines.pop_expired(self.clock())
+        # NOTE: a request that finished this step is still live until its end is sent.
+        expired = [r for r in map(self.live.by_rid.get, rids) if r is not None and not r.finished]
+        self.deadline_expired += len(expired)
+        self.abort_reqs(expired, "the request's deadline passed (its timeout)")
 
     def admit_compiled_grammars(self) -> None:
         """Move requests whose grammar compiled to the waiting queue; reject failed ones."""
@@ -159,6 +162,12 @@ class Scheduler(BatchingMixin):
     # ------------------------------------------------------------------ messages
 
     def handle_generate(self, msg: GenerateReq) -> None:
+        if msg.rid in self.live.by_rid:
+            # NOTE: the main process makes every rid, so this is a bug there; fail the request
+            # that holds the rid (its finish tells the main process) and drop the copy, rather
+            # than let two requests share one key here and in the detokenizer.
+            logger.error("a second request with the live rid %s; aborting both", msg.rid)
+            return self.abort_reqs([self.live.by_rid[msg.rid]], "a second request arrived with its rid")
         req = Req.from_message(msg, self.eos_ids)
         room = self.context_len - len(req.prompt)
         if not req.prompt or room < 0:
@@ -307,22 +316,40 @@ class Scheduler(BatchingMixin):
         self.finished_out = []
         for req in reqs:
             if req.finished:
-                self.live.remove(req)
+                self.forget(req)
         if reqs:
             self.io.send_tokens(build_batch_out(reqs))
+
+    def forget(self, req: Req) -> None:
+        """A finished request's end is sent: drop it from the rid index and the deadlines, the
+        last scheduler structures that referred to it."""
+        if self.live.by_rid.get(req.rid) is req:  # not a later request that reused its rid
+            self.deadlines.remove(req.rid)
+        self.live.remove(req)
 
     # ------------------------------------------------------------------ invariants
 
     def check_integrity(self) -> None:
-        """The busy invariant: free + evictable + protected + held by requests == total."""
-        held = sum(self.cache.owned_slots(r.computed, r.prefix_len) for r in self.holding.values())
-        self.cache.check_integrity(held_by_requests=held)
+        """The busy invariant, walking the whole KV pool and tree (tests; idle time)."""
+        self.cache.check_integrity(held_by_requests=self.held_slots())
         self.rows.check_integrity()
-        assert self.rows.available() == self.rows.size - len(self.holding), "request rows leaked"
+        self.check_counts()
         self.live.check_integrity()
+        self.deadlines.check_integrity()
+
+    def check_counts(self) -> None:
+        """The busy invariant from counters only, in O(running requests): what a state poll
+        checks. free + evictable + protected + held by requests == total, rows likewise."""
+        self.cache.check_counts(held_by_requests=self.held_slots())
+        assert self.rows.available() == self.rows.size - len(self.holding), "request rows leaked"
+        assert len(self.deadlines) <= len(self.live), "deadlines of requests no longer live"
+
+    def held_slots(self) -> int:
+        return sum(self.cache.owned_slots(r.computed, r.prefix_len) for r in self.holding.values())
 
     def check_idle_integrity(self) -> None:
         assert not self.live, f"idle but {len(self.live)} requests are still indexed"
+        assert not self.deadlines, f"idle but {len(self.deadlines)} deadlines are still tracked"
         self.cache.check_idle_integrity()
         self.rows.check_integrity()
         assert self.rows.available() == self.rows.size, (
@@ -330,8 +357,9 @@ class Scheduler(BatchingMixin):
         )
 
     def state(self) -> dict[str, Any]:
+        """Answer a GetStateReq (/get_load polls it): counters only, never a walk of the pool."""
         try:
-            self.check_integrity()
+            self.check_counts()
             integrity = "ok"
         except AssertionError as exc:
             integrity = f"violated: {exc}"
@@ -348,7 +376,7 @@ class Scheduler(BatchingMixin):
             "retractions": self.retractions,
             "preemptions": self.preemptions,
             **(self.speculator or Speculator.off()).state(),
-            "deadline_expired": self.deadlines.expired_count,
+            "deadline_expired": self.deadline_expired,
             "evicted_tokens": self.cache.evicted_tokens,
             "mixed_steps": self.mixed_steps,
             "new_token_ratio": self.ratio.value,

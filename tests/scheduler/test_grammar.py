@@ -163,7 +163,7 @@ def test_validate_async(checker: GrammarChecker) -> None:
 
 def test_slow_grammar_times_out_and_worker_recovers() -> None:
     """A build that outlasts the timeout (delay injected, so no CPU is fast enough to pass it):
-    the worker is killed at the timeout, the verdict is cached, and the next check runs on a
+    the worker is killed at the timeout, the timeout is not cached, and the next check runs on a
     fresh worker."""
     slow = json.dumps({"type": "string", "description": SLOW_MARKER})
     checker = GrammarChecker(timeout_s=0.3, build=slow_build)
@@ -174,14 +174,47 @@ def test_slow_grammar_times_out_and_worker_recovers() -> None:
         assert info.value.param == "json_schema"
         first_worker = checker._worker.proc
         assert first_worker is None  # killed at the timeout, not left building
-        with pytest.raises(InvalidRequest, match="took longer"):  # cached: no second timeout
+        with pytest.raises(InvalidRequest, match="took longer"):  # not cached: it timed out again
             checker.validate(GrammarSpec("json", slow))
-        assert checker._worker.proc is None
+        assert checker._worker.proc is None and GrammarSpec("json", slow) not in checker._verdicts
         checker.timeout_s = 30.0  # the restart is not charged to the check, but be generous
         checker.validate(GrammarSpec("regex", r"\d+"))
         assert checker._worker.proc is not None and checker._worker.proc.is_alive()
     finally:
         checker.close()
+
+
+class FlakyWorker:
+    """Stands in for the checker's worker: its first answer fails with `error` (as a helper
+    timing out or crashing under load does), later ones are the real verdict (valid)."""
+
+    def __init__(self, error: type[Exception]) -> None:
+        self.error: type[Exception] | None = error
+        self.asks = 0
+
+    def ask(self, request: tuple[str, str], timeout_s: float) -> str | None:
+        self.asks += 1
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+        return "bad grammar" if request[1] == "bad" else None
+
+
+@pytest.mark.parametrize("failure,message", [(TimeoutError, "took longer"), (EOFError, "crashed")])
+def test_a_timeout_or_crash_is_not_cached_as_a_verdict(failure: type[Exception], message: str) -> None:
+    checker = GrammarChecker(timeout_s=0.3)
+    worker = FlakyWorker(failure)
+    checker._worker = worker  # type: ignore[assignment]
+    spec = GrammarSpec("regex", "[0-9]+")
+    with pytest.raises(InvalidRequest, match=message):
+        checker.validate(spec)
+    checker.validate(spec)  # accepted: the failure was the helper's, not the grammar's
+    checker.validate(spec)  # this verdict is cached
+    assert worker.asks == 2
+    for _ in range(2):  # a genuine error is a verdict: cached too
+        with pytest.raises(InvalidRequest, match="bad grammar"):
+            checker.validate(GrammarSpec("regex", "bad"))
+    assert worker.asks == 3
 
 
 def test_worker_that_died_while_idle_is_restarted(checker: GrammarChecker) -> None:

@@ -138,6 +138,19 @@ def test_rejects_oversized_and_keeps_serving(tiny_model: str) -> None:
     assert results["ok"]["finish"]["type"] == "length"
 
 
+def test_a_second_request_with_a_live_rid_fails_that_rid_alone(tiny_model: str) -> None:
+    """The main process makes every rid, so this is a bug there; the scheduler still only fails
+    the request that holds the rid, exactly once, and keeps serving the rest."""
+    sched, io = make(tiny_model)
+    submit(io, "dup", [4, 5, 6], max_new_tokens=50)
+    submit(io, "other", [7, 8, 9], max_new_tokens=6)
+    sched.step()
+    submit(io, "dup", [1, 2, 3], max_new_tokens=4)
+    results = run_until_idle(sched, io)
+    assert results["dup"]["finish"]["type"] == "abort" and results["dup"]["finishes"] == 1
+    assert results["other"]["finish"]["type"] == "length" and len(results["other"]["ids"]) == 6
+
+
 def test_flush_and_state(tiny_model: str) -> None:
     sched, io = make(tiny_model)
     submit(io, "a", [4, 5, 6, 7], max_new_tokens=3)
