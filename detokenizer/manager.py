@@ -20,7 +20,7 @@ from detokenizer.incremental import DecodeOptions, DecodeStateTable, Tokenizer
 from runtime.codec import TypeDispatcher, encode
 from runtime.config import ServerConfig
 from runtime.ipc import IpcDir, PullSocket, PushSocket, new_context
-from runtime.messages import BatchStrOut, BatchTokenOut, ChildReady, SchedulerCrashed, ShutdownReq
+from runtime.messages import FAILED_KEY, BatchStrOut, BatchTokenOut, ChildReady, SchedulerCrashed, ShutdownReq
 
 logger = logging.getLogger("radixserve.detokenizer")
 
@@ -39,6 +39,10 @@ class DetokenizerManager:
 
         A request that finished on a stop token (`matched_stop_token`) does not decode that
         token unless `no_stop_trim`; its id still appears in `output_ids`.
+        NOTE: a message inconsistent for one request (a rid twice in a step, ids after its final
+        feed, an id the tokenizer cannot decode) fails that request alone, with finish_reason
+        abort and `FAILED_KEY`, which tells the main process to abort it in the scheduler too;
+        the others' texts are decoded as usual and this process goes on.
         """
         finished = [reason is not None for reason in out.finished_reasons]
         trim = [
@@ -47,17 +51,38 @@ class DetokenizerManager:
                 finished, out.matched_stop_token, out.no_stop_trim, out.new_ids
             )
         ]
-        texts = self.table.feed_batch(
-            out.rids,
-            out.new_ids,
-            finished,
-            trim_last_token=trim,
-            prompt_tails=out.decode_prefix,
-            options=self._new_options(out),
-        )
+        options = self._new_options(out)
+        reasons = list(out.finished_reasons)
+        if len(set(out.rids)) == len(out.rids):
+            try:
+                texts = self.table.feed_batch(out.rids, out.new_ids, finished, trim_last_token=trim,
+                                              prompt_tails=out.decode_prefix, options=options)
+                return self._str_out(out, texts, reasons)
+            except Exception:
+                logger.exception("decoding a batch failed; decoding its requests one by one")
+        texts = [self._feed_one(out, i, finished[i], trim[i], options[i], reasons) for i in range(len(out.rids))]
+        return self._str_out(out, texts, reasons)
+
+    def _feed_one(self, out: BatchTokenOut, i: int, finished: bool, trim: bool,
+                  options: DecodeOptions | None, reasons: list[dict[str, Any] | None]) -> str:
+        """Request i's text alone; on an inconsistency its state is dropped and it is failed."""
+        rid = out.rids[i]
+        try:
+            if out.rids.index(rid) != i:
+                raise ValueError(f"rid {rid} appears twice in one step")
+            return self.table.feed_batch([rid], [out.new_ids[i]], [finished], trim_last_token=[trim],
+                                         prompt_tails=[out.decode_prefix[i]], options=[options])[0]
+        except Exception as exc:
+            logger.error("request %s: its output could not be decoded (%r); failing it", rid, exc)
+            self.table.discard(rid)
+            reasons[i] = {"type": "abort", "message": f"the output could not be decoded: {exc}", FAILED_KEY: True}
+            return ""
+
+    def _str_out(self, out: BatchTokenOut, texts: list[str], reasons: list[dict[str, Any] | None]) -> BatchStrOut:
+        decode_states = len(self.table)
         return BatchStrOut(
             rids=out.rids,
-            finished_reasons=out.finished_reasons,
+            finished_reasons=reasons,
             texts=texts,
             output_ids=out.new_ids,
             prompt_tokens=out.prompt_tokens,
@@ -69,6 +94,7 @@ class DetokenizerManager:
             input_top_logprobs=out.input_top_logprobs,
             input_ids_for_logprobs=out.input_ids_for_logprobs,
             queue_times=out.queue_times,
+            decode_states=decode_states,
         )
 
     def _new_options(self, out: BatchTokenOut) -> list[DecodeOptions | None]:

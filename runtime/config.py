@@ -11,8 +11,9 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 from dataclasses import dataclass, field, fields
-from typing import Any, get_args, get_type_hints
+from typing import Any, get_args, get_origin, get_type_hints
 
 from runtime.errors import InvalidRequest
 
@@ -21,6 +22,12 @@ def _opt(default: Any, help: str, choices: tuple[str, ...] | None = None, secret
     """A config field with one line of CLI help (and optional choices / secrecy)."""
     meta = {"help": help, "choices": choices, "secret": secret}
     return field(default=default, metadata=meta)
+
+
+# The pages served from this machine, on any port: what a browser may call a local server from.
+LOOPBACK_ORIGINS = tuple(f"{scheme}://{host}:*" for scheme in ("http", "https")
+                         for host in ("localhost", "127.0.0.1", "[::1]"))
+_ORIGIN_ENTRY = re.compile(r"\*|[a-z][a-z0-9+.-]*://(\[[0-9a-f:.]+\]|[^/?#@\s:\[\]]+)(:(\d+|\*))?", re.I)
 
 
 @dataclass(frozen=True)
@@ -33,7 +40,10 @@ class ServerConfig:
     load_format: str = _opt(
         "auto", "how to load weights: auto (safetensors, or gguf for a .gguf model_path), gguf (converted once "
         "to a cached folder), or random dummy weights", ("auto", "gguf", "dummy"))
-    dtype: str = _opt("auto", "weight and activation dtype; auto: the checkpoint's dtype", ("auto", "float32", "bfloat16", "float16"))
+    dtype: str = _opt(
+        "auto", "weight and activation dtype; auto: on CPU bfloat16 where the CPU computes it natively "
+        "(AVX-512 BF16 or AMX), float32 elsewhere; on CUDA the checkpoint's dtype (float32 ones run in bfloat16)",
+        ("auto", "float32", "bfloat16", "float16"))
     quantization: str = _opt(
         "none", "weight-only quantization (CPU): int8 adds per-channel int8 weights that small-batch decode "
         "steps read (half the bytes of bf16); larger batches keep the full-precision weights", ("none", "int8"))
@@ -102,9 +112,18 @@ class ServerConfig:
         "a request's own sampling_params.stream_interval overrides it")
 
     # Server.
-    host: str = _opt("127.0.0.1", "HTTP host to bind")
+    host: str = _opt(
+        "127.0.0.1", "HTTP host to bind; on a loopback address (127.x, ::1, localhost) a request whose Host header is "
+        "not a loopback name gets 403 (DNS rebinding); on 0.0.0.0 or another address Host is not checked")
     port: int = _opt(30000, "HTTP port to bind")
-    api_key: str | None = _opt(None, "require this key as 'Authorization: Bearer <key>' (all routes but /health)", secret=True)
+    api_key: str | None = _opt(
+        None, "require this key as 'Authorization: Bearer <key>' (all routes but /health); visible to other local "
+        "users in the process list: prefer --api-key-file or RADIXSERVE_API_KEY (this flag wins, then the file, "
+        "then the variable)", secret=True)
+    api_key_file: str | None = _opt(None, "read the API key from this file (its content, whitespace stripped)")
+    allowed_origins: tuple[str, ...] = _opt(
+        LOOPBACK_ORIGINS, "web pages (their Origin) that may call the server, answered with CORS headers; others "
+        "get 403: scheme://host[:port], port * for any, or * for every page (Origin null included)")
     max_request_bytes: int = _opt(8 * 1024 * 1024, "largest accepted HTTP body in bytes (413 above)")
     max_n: int = _opt(16, "largest accepted n (parallel samples per prompt)")
     max_top_logprobs: int = _opt(20, "largest accepted top_logprobs / top_logprobs_num")
@@ -116,6 +135,9 @@ class ServerConfig:
         "auto", "the tool-call format chat outputs are parsed for: hermes / qwen25 (<tool_call> blocks), llama3 "
         "(bare JSON calls, ';'-separated), auto (<tool_call> blocks, else bare JSON)",
         ("auto", "hermes", "qwen25", "llama3"))
+    trust_request_chat_template: bool = _opt(
+        False, "let a chat request bring its own Jinja chat template (`chat_template`, top level or in "
+        "chat_template_kwargs), rendered in a killable helper process; off: a 400 naming the field")
     metrics_prefix: str = _opt(
         "radixserve", "the prefix of every /metrics name; sglang gives SGLang's exact names (its dashboards work)",
         ("radixserve", "sglang"))
@@ -154,6 +176,10 @@ class ServerConfig:
             raise InvalidRequest("drain_timeout must be >= 0 seconds", param="drain_timeout")
         if self.cuda_graph_max_bs is not None and self.cuda_graph_max_bs < 1:
             raise InvalidRequest("cuda_graph_max_bs must be >= 1", param="cuda_graph_max_bs")
+        bad = [o for o in self.allowed_origins if not (isinstance(o, str) and _ORIGIN_ENTRY.fullmatch(o))]
+        if bad or isinstance(self.allowed_origins, str):
+            raise InvalidRequest(f"allowed_origins must be a list of '*' or scheme://host[:port] (port * for any, "
+                                 f"no path), got {bad or self.allowed_origins!r}", param="allowed_origins")
 
     def public_dict(self) -> dict[str, Any]:
         """The config without secrets (for /get_server_info and logs)."""
@@ -178,8 +204,11 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     for f in fields(ServerConfig):
         flag = "--" + f.name.replace("_", "-")
         typ = _cli_type(hints[f.name])
-        help_text = f"{f.metadata['help']} (default: {f.default})"
-        if typ is bool and f.default is None:  # tri-state: unset means "decided at resolve time"
+        default = " ".join(f.default) if isinstance(f.default, tuple) else f.default
+        help_text = f"{f.metadata['help']} (default: {default})"
+        if get_origin(hints[f.name]) is tuple:  # a list flag: `--flag A B`; a bare `--flag` is empty
+            parser.add_argument(flag, dest=f.name, nargs="*", type=str, default=f.default, help=help_text)
+        elif typ is bool and f.default is None:  # tri-state: unset means "decided at resolve time"
             parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
                                 default=None, help=help_text)
         elif typ is bool:
@@ -191,7 +220,7 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
     names = {f.name for f in fields(ServerConfig)}
-    return ServerConfig(**{k: v for k, v in vars(args).items() if k in names})
+    return ServerConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in vars(args).items() if k in names})
 
 
 def config_from_kwargs(model_path: str | None = None, **kwargs: Any) -> ServerConfig:

@@ -10,6 +10,7 @@ time, so tests can set a variable with `monkeypatch.setenv` and see it take effe
 | `RADIXSERVE_CPU_KERNELS` | bool | `1` | use our C++ CPU kernels when built (0: torch ops only) |
 | `RADIXSERVE_CPU_KERNELS_MARCH` | `native`, `x86-64-v3` | `native` | the build of the C++ kernels to load (x86-64-v3: AVX2 only, for the AVX2 emulation run) |
 | `RADIXSERVE_TP_SHM`     | bool | `1` | CPU tensor parallelism: collectives through shared memory (0: gloo only) |
+| `RADIXSERVE_API_KEY`    | str  | unset | the server's API key when neither `--api-key` nor `--api-key-file` is given |
 """
 
 from __future__ import annotations
@@ -61,3 +62,9 @@ def cache_dir() -> Path:
     if value:
         return Path(value).expanduser().absolute()
     return Path.home() / ".cache" / "radixserve"
+
+
+def api_key() -> str | None:
+    """`RADIXSERVE_API_KEY` stripped of surrounding whitespace ("" when set but blank); None when unset."""
+    value = _raw("API_KEY")
+    return None if value is None else value.strip()

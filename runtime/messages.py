@@ -214,6 +214,7 @@ class BatchStrOut:
     input_top_logprobs: list[list[TopLogprobs | None] | None]
     input_ids_for_logprobs: list[list[int] | None]
     queue_times: list[float | None] = field(default_factory=list)  # passed through unchanged
+    decode_states: int = 0  # the detokenizer's live decode states after this batch (leak checks)
 
 
 # ---------------------------------------------------------------- control replies -> main process

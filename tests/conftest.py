@@ -4,9 +4,16 @@
   test was collected, so the pure-Python suites (radix, detokenizer) stay fast.
 - `@pytest.mark.slow` tests run by default; deselect them with `-m "not slow"`.
 - `default_model_path` is the embedded SmolLM2-135M-Instruct folder, converted once per machine.
+- `shared_server` is one real HTTP server on the default model with the test defaults
+  (`tests/tokenizer/http_helpers.BASE_ARGS`, no other flags), started once for the whole run:
+  every test that needs no flag of its own uses it, rather than paying a start per module.
+  Tests that use it leave it as they found it: healthy, idle, with its default settings.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -34,3 +41,12 @@ def default_model_path() -> str:
     from runtime.default_model import ensure_default_model
 
     return ensure_default_model()
+
+
+@pytest.fixture(scope="session")
+def shared_server(default_model_path: str) -> Iterator[Any]:
+    """The run's one default server (a `tests.tokenizer.http_helpers.RunningServer`)."""
+    from tests.tokenizer.http_helpers import RunningServer
+
+    with RunningServer.start(default_model_path) as server:
+        yield server

@@ -31,6 +31,7 @@ Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
 ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
+    403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
     413: "invalid_request_error",

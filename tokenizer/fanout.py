@@ -1,11 +1,15 @@
 """A prompt's requests to the scheduler: one, or with n > 1 a prefill-only warm-up copy and n
 children (SGLang's parallel sampling). Pure: no sockets, no tokenizer.
 
-    rid "r", n=1  ->  "r"
-    rid "r", n=3  ->  "r_warmup" (prefill only, caches the prompt), then "r_0", "r_1", "r_2"
+Internal rids (what the scheduler and detokenizer key on) derive from the server-made rid of
+the prompt's GenerateReq; the client's rid only gives labels (tokenizer/labels.py):
 
-A seeded prompt gives its samples seeds seed + j, so they differ. Aborting "r" aborts them all:
-every derived rid is "r" + "_" + a suffix the scheduler's abort matching knows.
+    internal "q7", n=1  ->  "q7"                                   result id: the client's rid "r"
+    internal "q7", n=3  ->  "q7_warmup" (prefill only, caches the prompt), then "q7_0", "q7_1",
+                            "q7_2"                                 result ids "r_0", "r_1", "r_2"
+
+A seeded prompt gives its samples seeds seed + j, so they differ. Aborting "q7" in the scheduler
+aborts them all: every derived rid is "q7" + "_" + a suffix the scheduler's abort matching knows.
 """
 
 from __future__ import annotations
@@ -29,6 +33,20 @@ class Prepared:
 
     def child_rids(self) -> list[str]:
         return [self.req.rid] if self.n == 1 else [f"{self.req.rid}_{j}" for j in range(self.n)]
+
+    def child_labels(self) -> list[str]:
+        """The id each child's result reports (the client's rid, suffixed per sample)."""
+        rid = self.single.rid
+        return [rid] if self.n == 1 else [f"{rid}_{j}" for j in range(self.n)]
+
+    def names(self, label: str) -> tuple[str, ...]:
+        """The client names that abort the request labelled `label`: its own, its prompt's and
+        its batch's."""
+        group = self.single.group_rid
+        return tuple(dict.fromkeys(n for n in (label, self.single.rid, group) if n is not None))
+
+    def all_names(self) -> list[str]:
+        return list(dict.fromkeys(n for label in self.child_labels() for n in self.names(label)))
 
     def all_rids(self) -> list[str]:
         """Every rid it sends, the warm-up's first."""

@@ -35,7 +35,7 @@ from runtime.errors import InvalidRequest
 class SingleRequest:
     """One prompt of a /generate call, before tokenization (exactly one of text / input_ids)."""
 
-    rid: str
+    rid: str  # a label: the result's id and a name /abort_request accepts (tokenizer/labels.py)
     text: str | None = None
     input_ids: list[int] | None = None
     sampling_params: dict[str, Any] = field(default_factory=dict)
@@ -47,6 +47,7 @@ class SingleRequest:
     timeout: float | None = None  # seconds from arrival; past it the request is aborted
     extra_key: str | None = None  # prefix-cache namespace (tenant isolation)
     priority: int | None = None
+    group_rid: str | None = None  # a batch's one string rid, which aborts every prompt of it
 
     @property
     def prompt_field(self) -> str:
@@ -83,9 +84,11 @@ def normalize_generate(body: Any) -> NormalizedGenerate:
     priority = body.get("priority")
     if priority is not None and not (_is_int(priority) and abs(priority) < 2**31):
         raise InvalidRequest("priority must be an integer (32-bit)", param="priority")
+    group_rid = body.get("rid") if is_batch and isinstance(body.get("rid"), str) else None
     requests = [
         SingleRequest(
             rid=rids[i],
+            group_rid=group_rid,
             text=prompts[i] if field_name == "text" else None,
             input_ids=prompts[i] if field_name == "input_ids" else None,
             sampling_params=params[i],

@@ -6,11 +6,14 @@ Native (SGLang):  POST /generate, GET /health, GET /health_generate, GET /get_mo
                   GET /get_server_info, GET /get_load, POST /flush_cache, POST /abort_request, GET /metrics,
                   POST /tokenize, POST /detokenize (also under /v1/)
 OpenAI:           GET /v1/models, POST /v1/completions, POST /v1/chat/completions
+OpenAPI:          GET /openapi.json (every route's body and answers, this server's bounds)
 
 Every generating route goes through `streaming.run_generation` (validation, SSE, abort on
-disconnect); every error is an OpenAI error object (`errors.error_middleware`); with --api-key,
-`errors.auth_middleware` guards every route but /health. Logic lives in native_api.py,
-openai/protocol.py and openai/api.py; the process lifecycle in lifecycle.py.
+disconnect); every error is an OpenAI error object (`errors.error_middleware`); `browser_guard`
+refuses foreign web pages (Origin, Host, Sec-Fetch) on every route before anything else; with an
+API key (`api_key.resolve_api_key`), `errors.auth_middleware` guards every route but /health.
+Logic lives in native_api.py, openai/protocol.py and openai/api.py; the process lifecycle in
+lifecycle.py.
 """
 
 from __future__ import annotations
@@ -23,11 +26,11 @@ from aiohttp import web
 
 from runtime.config import ServerConfig
 from runtime.errors import InvalidRequest
-from tokenizer import native_api, token_routes
+from tokenizer import browser_guard, native_api, openapi, token_routes
+from tokenizer.api_key import resolve_api_key
 from tokenizer.errors import HTTPError, Handler, auth_middleware, error_middleware, error_response
 from tokenizer.metrics import CONTENT_TYPE
 from tokenizer.openai import api as openai_api
-from tokenizer.openai import protocol as openai_protocol
 from tokenizer.server_state import Phase, ServerState
 from tokenizer.streaming import json_response, run_generation
 
@@ -36,12 +39,15 @@ SERVER: web.AppKey[ServerState] = web.AppKey("server", ServerState)
 
 def create_app(server: ServerState) -> web.Application:
     """The aiohttp application for one server (its own metrics registry included)."""
-    middlewares: list[Any] = [_count_middleware(server), error_middleware]
+    guard = browser_guard.BrowserGuard.from_config(server.config)
+    # NOTE: the browser guard runs before auth and readiness, and before any body is read.
+    middlewares: list[Any] = [_count_middleware(server), error_middleware, browser_guard.guard_middleware(guard)]
     if server.config.api_key:
         middlewares.append(auth_middleware(server.config.api_key))
     middlewares.append(_readiness_middleware(server))
     app = web.Application(client_max_size=server.config.max_request_bytes, middlewares=middlewares)
     app[SERVER] = server
+    app.on_response_prepare.append(browser_guard.cors_hook(guard))
     app.add_routes([
         web.post("/generate", generate), web.put("/generate", generate),
         web.get("/health", health), web.get("/health_generate", health_generate),
@@ -54,6 +60,7 @@ def create_app(server: ServerState) -> web.Application:
         web.post("/abort_request", abort_request), web.get("/metrics", metrics),
         web.get("/v1/models", list_models), web.post("/v1/completions", completions),
         web.post("/v1/chat/completions", chat_completions),
+        web.get("/openapi.json", openapi_document),
     ])
     return app
 
@@ -102,7 +109,9 @@ async def _json_body(request: web.Request) -> Any:
     """The parsed JSON body; 413 over the size limit (checked before reading when announced),
     415 for a body that says it is not JSON (a web page's `text/plain` or form POST, which a
     browser sends cross-site without asking: refused, so a key-less local server is not a CSRF
-    target). A body without a type (or typed as raw bytes) is read as JSON."""
+    target). A body without a type (or typed as raw bytes) is read as JSON, for curl without -H
+    and raw clients; a page can send one too (a Blob), but with an Origin that `browser_guard`
+    has refused already unless --allowed-origins lets that page in."""
     if not _is_json(request.content_type):
         raise HTTPError(415, f"Content-Type {request.content_type} is not supported here; send a JSON body "
                              "with Content-Type: application/json.")
@@ -193,9 +202,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     server = request.app[SERVER]
     body = await _json_body(request)
     tm = server.accepting_manager()
-    plan = openai_protocol.plan_completion(
-        body, server.model_name, server.config.max_top_logprobs,
-        decode=lambda ids: tm.tokenizer.decode(ids))
+    plan = await openai_api.plan_completion_request(tm, server.config, body, server.model_name)
     return await run_generation(request, server, plan.body, openai_api.CompletionRenderer(plan))
 
 
@@ -203,11 +210,13 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     server = request.app[SERVER]
     body = await _json_body(request)
     tm = server.accepting_manager()
-    plan = openai_protocol.plan_chat(
-        body, server.model_name, server.config.max_top_logprobs, openai_api.token_budget(tm),
-        render=lambda messages, kwargs: openai_api.chat_prompt_ids(tm, messages, kwargs))
+    plan = await openai_api.plan_chat_request(tm, server.config, body, server.model_name)
     renderer = openai_api.ChatRenderer(plan, server.config.reasoning_parser, server.config.tool_call_parser)
     return await run_generation(request, server, plan.body, renderer)
+
+
+async def openapi_document(request: web.Request) -> web.StreamResponse:
+    return json_response(openapi.document(openapi.SchemaLimits.of(request.app[SERVER])))
 
 
 # ---------------------------------------------------------------- entry points
@@ -215,9 +224,15 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 def serve(config: ServerConfig) -> int:
     """Resolve the config, launch the runtime and serve until SIGTERM/SIGINT (exit 0 after a
-    drain) or a runtime failure (exit 1). `runtime.cli` calls this for `radixserve serve`."""
+    drain) or a runtime failure (exit 1); exit 2 when the API key cannot be read.
+    `runtime.cli` calls this for `radixserve serve`."""
     from tokenizer.lifecycle import run
 
+    try:
+        config = resolve_api_key(config)
+    except InvalidRequest as exc:
+        print(f"radixserve: invalid configuration: {exc}", file=sys.stderr)
+        return 2
     return run(config, create_app)
 
 

@@ -21,7 +21,7 @@ import dataclasses
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from runtime.codec import TypeDispatcher
@@ -29,13 +29,14 @@ from runtime.config import ServerConfig
 from runtime.errors import InvalidRequest, Overloaded, RuntimeCrashed
 from runtime.ipc import AsyncPullSocket, IpcDir, PushSocket, new_context
 from runtime.messages import (
-    AbortReq, BatchStrOut, FlushCacheOut, FlushCacheReq, GenerateReq, GetStateReq,
+    FAILED_KEY, AbortReq, BatchStrOut, FlushCacheOut, FlushCacheReq, GenerateReq, GetStateReq,
     SchedulerCrashed, StateOut,
 )
 from runtime.sampling import SamplingParams
 from tokenizer.admission import PromptEncoder, check_admission
 from tokenizer.fanout import WARMUP_SUFFIX, Prepared
 from tokenizer.generate_body import SingleRequest, normalize_generate
+from tokenizer.labels import InternalRids, LabelIndex
 from tokenizer.limits import RequestLimits, check_grammar, check_request
 from tokenizer.request_state import Group, ReqState, apply_output, build_output
 
@@ -69,7 +70,11 @@ class TokenizerManager:
         self._ctx = new_context()
         self._to_scheduler = PushSocket(self._ctx, ipc.endpoint("scheduler"), linger_ms=500)
         self._inbox = AsyncPullSocket(self._ctx, ipc.endpoint("tokenizer"), bind=True)
-        self.rid_to_state: dict[str, ReqState] = {}
+        self.rid_to_state: dict[str, ReqState] = {}  # by internal rid: only the server makes them
+        self.labels = LabelIndex()  # the client rids (labels) of the live requests
+        self._rids = InternalRids()
+        self._reserved = 0  # admitted requests not registered yet (tokenizing, checking grammars)
+        self.detokenizer_states = 0  # the detokenizer's live decode states, as of its last batch
         # Admission: requests (n>1 samples and their warm-ups each count) held at once.
         self.max_live = (scheduler_info.get("max_running_requests") or 0) + config.max_queued_requests
         self.on_reject: Callable[[str], None] | None = None
@@ -131,27 +136,43 @@ class TokenizerManager:
             field = "input_ids" if body.get("input_ids") is not None else "text"
             raise InvalidRequest(f"{len(normalized.requests)} prompts in one request; at most "
                                  f"{self.config.max_prompts_per_request} (--max-prompts-per-request)", param=field)
-        self._admit(len(normalized.requests), normalized.requests[0].prompt_field)  # before tokenizing
-        ids = await self.encoder.encode(normalized.requests)
-        prepared = [self._prepare(single, single_ids) for single, single_ids in zip(normalized.requests, ids)]
-        self._admit(sum(len(p.all_rids()) for p in prepared), "n")
-        for p in prepared:
-            await check_grammar(p.req.sampling_params)
-        self._check_alive()  # the runtime may have died while the grammar check ran
-        rids = [r for p in prepared for r in p.all_rids()]
-        taken = [r for r in rids if r in self.rid_to_state]
-        if taken or len(set(rids)) != len(rids):
-            raise InvalidRequest(f"rid {(taken or rids)[0]!r} is already in use", param="rid")
-        fan_out = normalized.is_batch or any(p.n > 1 for p in prepared)
-        return self._run(prepared, fan_out, normalized.requests[0].stream)
-
-    def _admit(self, count: int, field: str) -> None:
+        # NOTE: a request counts against the cap from the moment it is admitted, through the
+        # awaits below, until _dispatch_all registers it: concurrent requests cannot all pass.
+        reservation = self._admit(len(normalized.requests), normalized.requests[0].prompt_field)
         try:
-            check_admission(len(self.rid_to_state), count, self.max_live, field)
+            ids = await self.encoder.encode(normalized.requests)
+            prepared = [self._prepare(single, single_ids) for single, single_ids in zip(normalized.requests, ids)]
+            reservation = self._admit(sum(len(p.all_rids()) for p in prepared), "n", replacing=reservation)
+            for p in prepared:
+                await check_grammar(p.req.sampling_params)
+            self._check_alive()  # the runtime may have died while the grammar check ran
+            self._check_labels(prepared)
+        except BaseException:
+            reservation.release()
+            raise
+        fan_out = normalized.is_batch or any(p.n > 1 for p in prepared)
+        return self._run(prepared, fan_out, normalized.requests[0].stream, reservation)
+
+    def _admit(self, count: int, field: str, replacing: Reservation | None = None) -> Reservation:
+        held = len(self.rid_to_state) + self._reserved - (replacing.count if replacing else 0)
+        try:
+            check_admission(held, count, self.max_live, field)
         except Overloaded:
             if self.on_reject is not None:
                 self.on_reject("queue_full")
             raise
+        if replacing is not None:
+            replacing.release()
+        return Reservation(self, count)
+
+    def _check_labels(self, prepared: list[Prepared]) -> None:
+        """Refuse client rids that a live request answers to, or that repeat within this one."""
+        labels = [label for p in prepared for label in p.child_labels()]
+        taken = self.labels.in_use(name for p in prepared for name in p.all_names())
+        if taken is None and len(set(labels)) != len(labels):
+            taken = next(label for label in labels if labels.count(label) > 1)
+        if taken is not None:
+            raise InvalidRequest(f"rid {taken!r} is already in use", param="rid")
 
     def _prepare(self, single: SingleRequest, ids: list[int]) -> Prepared:
         params = SamplingParams.from_dict(single.sampling_params)
@@ -161,7 +182,7 @@ class TokenizerManager:
             raise InvalidRequest("priority needs a server started with --enable-priority-scheduling",
                                  param="priority")
         req = GenerateReq(
-            rid=single.rid, input_ids=list(ids), deadline=None if timeout is None else time.time() + timeout,
+            rid=self._rids.next(), input_ids=list(ids), deadline=None if timeout is None else time.time() + timeout,
             sampling_params=dataclasses.replace(params, n=1),
             return_logprob=single.return_logprob, logprob_start_len=single.logprob_start_len,
             top_logprobs_num=single.top_logprobs_num, stream=single.stream, extra_key=single.extra_key,
@@ -170,11 +191,14 @@ class TokenizerManager:
         return Prepared(req, single, params.n)
 
     async def _run(
-        self, prepared: list[Prepared], fan_out: bool, stream: bool
+        self, prepared: list[Prepared], fan_out: bool, stream: bool, reservation: Reservation
     ) -> AsyncIterator[GenerateOutput]:
         owned: list[ReqState] = []
         try:
-            group, states = await self._dispatch_all(prepared, owned)
+            try:
+                group, states = await self._dispatch_all(prepared, owned)
+            finally:
+                reservation.release()  # registered (or failed): rid_to_state counts them now
             results: list[dict[str, Any]] = [{} for _ in states]
             async for i, out in self._updates(group, states, stream):
                 if not fan_out:
@@ -194,11 +218,13 @@ class TokenizerManager:
     ) -> tuple[Group, list[ReqState]]:
         """Register every state first, then send: warm-up copies (n>1), await them, children."""
         warm_group, group = Group(), Group()
-        warm = [self._register(p.warmup_req(), warm_group, owned, False)
+        warm = [self._register(p.warmup_req(), warm_group, owned, False,
+                               p.single.rid + WARMUP_SUFFIX, p.all_names())
                 for p in prepared if p.n > 1]
         children = [
-            (p.req.rid, self._register(p.child_req(j, rid), group, owned, p.single.return_text_in_logprobs))
-            for p in prepared for j, rid in enumerate(p.child_rids())
+            (p.req.rid, self._register(p.child_req(j, rid), group, owned, p.single.return_text_in_logprobs,
+                                       label, p.names(label)))
+            for p in prepared for j, (rid, label) in enumerate(zip(p.child_rids(), p.child_labels()))
         ]
         for state in warm:
             self._send_req(state)
@@ -207,23 +233,32 @@ class TokenizerManager:
         aborted = {s.rid.removesuffix(WARMUP_SUFFIX): s.finish_reason for s in warm
                    if (s.finish_reason or {}).get("type") == "abort"}
         for parent, state in children:
+            if state.finished:  # aborted by name before it was sent
+                continue
             if parent in aborted:  # the parent was aborted during its warm-up: never send
                 state.finish(aborted[parent], time.perf_counter())
-                self.rid_to_state.pop(state.rid, None)
+                self._forget(state)
                 group.mark(state.index)
             else:
                 self._send_req(state)
         return group, [state for _, state in children]
 
     def _register(
-        self, req: GenerateReq, group: Group, owned: list[ReqState], text_in_logprobs: bool
+        self, req: GenerateReq, group: Group, owned: list[ReqState], text_in_logprobs: bool,
+        label: str, names: Sequence[str],
     ) -> ReqState:
-        if req.rid in self.rid_to_state:
-            raise InvalidRequest(f"rid {req.rid!r} is already in use", param="rid")
-        state = ReqState.for_request(req, group, text_in_logprobs)
+        assert req.rid not in self.rid_to_state, f"internal rid {req.rid} made twice"
+        state = ReqState.for_request(req, group, text_in_logprobs, label, tuple(names))
         self.rid_to_state[req.rid] = state
+        self.labels.add(req.rid, state.names)
         owned.append(state)
         return state
+
+    def _forget(self, state: ReqState) -> None:
+        """Drop a registered state from both maps (finished, aborted or given up)."""
+        if self.rid_to_state.get(state.rid) is state:
+            del self.rid_to_state[state.rid]
+            self.labels.remove(state.rid, state.names)
 
     def _send_req(self, state: ReqState) -> None:
         state.sent = True
@@ -251,9 +286,9 @@ class TokenizerManager:
         for state in owned:
             if self.rid_to_state.get(state.rid) is not state:
                 continue
-            del self.rid_to_state[state.rid]
+            self._forget(state)
             if state.sent and self.dead_reason is None:
-                logger.info("aborting request %s (its consumer went away)", state.rid)
+                logger.info("aborting request %s (rid %r; its consumer went away)", state.rid, state.label)
                 self._to_scheduler.send(AbortReq(rid=state.rid))
 
     # ------------------------------------------------------------ receiving
@@ -270,20 +305,30 @@ class TokenizerManager:
 
     def _on_batch(self, out: BatchStrOut) -> None:
         now = time.perf_counter()
+        self.detokenizer_states = out.decode_states
         for i, rid in enumerate(out.rids):
             state = self.rid_to_state.get(rid)
             if state is None:  # aborted by its consumer, or failed
                 continue
             before = state.completion_tokens
-            apply_output(state, out, i, now, self._token_texts)
+            apply_output(state, out, i, now, self._token_texts, self.encoder.off_loop)
             if self.on_output is not None:
                 self.on_output(state, before, now)
             if state.finished:
-                del self.rid_to_state[rid]
+                self._forget(state)
+                self._abort_if_failed(state)
             if state.finished or state.stream:
                 state.group.mark(state.index)
 
+    def _abort_if_failed(self, state: ReqState) -> None:
+        """A request the detokenizer failed may still run in the scheduler: stop it there."""
+        reason = state.finish_reason
+        if reason is not None and reason.pop(FAILED_KEY, False):
+            self._to_scheduler.send(AbortReq(rid=state.rid))
+
     def _token_texts(self, ids: list[int]) -> list[str | None]:
+        """Each id's own text, for logprob entries. NOTE: called on the receive loop for a few
+        ids only; `apply_output` runs large lists on the encoder's worker thread (`offload`)."""
         return list(self.tokenizer.batch_decode([[t] for t in ids]))
 
     def _on_control(self, out: FlushCacheOut | StateOut) -> None:
@@ -310,6 +355,7 @@ class TokenizerManager:
             state.error = message
             state.group.mark(state.index)
         self.rid_to_state.clear()
+        self.labels.clear()
         for future in self._pending.values():
             if not future.done():
                 future.set_exception(RuntimeCrashed(message))
@@ -333,9 +379,22 @@ class TokenizerManager:
     # ------------------------------------------------------------ control
 
     async def abort(self, rid: str) -> None:
-        """Abort `rid` and its n>1 children (prefix match); each ends with finish_reason abort."""
+        """Abort the live requests that answer to the client rid `rid` (its own, its n>1 samples,
+        a batch's prompts: tokenizer/labels.py); each ends with finish_reason abort."""
         self._check_alive()
-        self._to_scheduler.send(AbortReq(rid=rid))
+        for internal in self.labels.find(rid):
+            state = self.rid_to_state[internal]
+            if state.sent:
+                self._to_scheduler.send(AbortReq(rid=internal))
+            else:  # not in the scheduler yet (an n>1 sample waiting for its warm-up): end it here
+                state.finish({"type": "abort", "message": "aborted by request"}, time.perf_counter())
+                self._forget(state)
+                state.group.mark(state.index)
+
+    def check_integrity(self) -> None:
+        """The label index agrees with the live requests; nothing is reserved while idle."""
+        self.labels.check_integrity({rid: state.names for rid, state in self.rid_to_state.items()})
+        assert self._reserved >= 0, f"admission reservations went negative: {self._reserved}"
 
     async def abort_all(self) -> None:
         self._check_alive()
@@ -359,7 +418,13 @@ class TokenizerManager:
         """Config (no secrets), the scheduler's ready info, and its internal state."""
         info = {**self.config.public_dict(), **self.scheduler_info}
         info["internal_states"] = [await self.get_state()]
+        info["tokenizer_state"] = self.held_counts()
         return info
+
+    def held_counts(self) -> dict[str, int]:
+        """How many requests each per-request map holds (all 0 once idle: leak checks read it)."""
+        return {"in_flight": len(self.rid_to_state), "labels": len(self.labels), "reserved": self._reserved,
+                "detokenizer_states": self.detokenizer_states}
 
     async def _control(self, msg: FlushCacheReq | GetStateReq) -> Any:
         self._check_alive()
@@ -371,7 +436,34 @@ class TokenizerManager:
         finally:
             self._pending.pop(msg.req_id, None)
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], **kwargs: Any) -> str:
-        """The prompt text of a chat, with the generation prompt appended."""
+    def apply_chat_template(self, messages: list[dict[str, Any]],
+                            tools: list[dict[str, Any]] | None = None, **template_vars: Any) -> str:
+        """The prompt text of a chat with the tokenizer's own template, the generation prompt
+        appended. Blocking: the HTTP routes call it off the event loop (`tokenizer.chat_template`).
+
+        Raises:
+            InvalidRequest: a name in `template_vars` is a parameter of the tokenizer's
+                `apply_chat_template` (`chat_template`, `tokenize`, ...), not a template variable.
+        """
+        from tokenizer.chat_template import check_template_vars
+
+        check_template_vars(template_vars)
         return self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True, **kwargs)
+            messages, tools=tools, tokenize=False, add_generation_prompt=True, **template_vars)
+
+
+class Reservation:
+    """Admission slots held by a request between admission and registration; released once
+    (explicitly, or when the request's iterator is dropped without ever being started)."""
+
+    def __init__(self, manager: TokenizerManager, count: int) -> None:
+        self.manager, self.count = manager, count
+        manager._reserved += count
+
+    def release(self) -> None:
+        if self.count:
+            self.manager._reserved -= self.count
+            self.count = 0
+
+    def __del__(self) -> None:
+        self.release()

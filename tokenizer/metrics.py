@@ -11,8 +11,8 @@ names, for its dashboards), each with a `model_name` label:
                 num_rejected_requests_total{reason} (admission control: queue_full)
     histograms  time_to_first_token_seconds, inter_token_latency_seconds,
                 e2e_request_latency_seconds, queue_time_seconds (waiting in the scheduler
-                before the first forward), and per priority class (label `priority`, the
-                request's; 0 without priority scheduling): priority_queue_time_seconds,
+                before the first forward), and per priority class (label `priority`, see
+                `priority_label`; 0 without priority scheduling): priority_queue_time_seconds,
                 priority_time_to_first_token_seconds
     counters from the scheduler's totals: num_retracted_requests_total (SGLang's; KV pressure and
                 preemption), num_preempted_requests_total (for a more urgent request)
@@ -49,6 +49,8 @@ ITL_BUCKETS = (0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035
                0.08, 0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8)
 E2E_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400, 800)
 MAX_TRACKED = 4096  # prune the last-token times of vanished requests beyond this many
+# Priorities in [-PRIORITY_LABEL_RANGE, PRIORITY_LABEL_RANGE] get a label each; beyond, two shared ones.
+PRIORITY_LABEL_RANGE = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +132,10 @@ class ServerMetrics:
         """The TokenizerManager's `on_reject` hook (admission control)."""
         self._rejected.labels(self.model_name, reason).inc()
 
+    def tracked_requests(self) -> int:
+        """Requests whose last token time is kept (for inter-token latency); 0 once idle."""
+        return len(self._last_token_at)
+
     def observe_output(self, state: ReqState, before: int, now: float) -> None:
         """The TokenizerManager's `on_output` hook. NOTE: it runs inside the manager's receive
         loop, where an exception would fail every request, so it never raises."""
@@ -139,8 +145,8 @@ class ServerMetrics:
             logger.exception("metrics: observing an output failed")
 
     def _observe(self, state: ReqState, before: int, now: float) -> None:
-        rid = state.rid
-        if rid.endswith(WARMUP_SUFFIX) or rid.startswith(HEALTH_RID_PREFIX):
+        rid = state.rid  # internal: unique while live, unlike the client's label
+        if rid.endswith(WARMUP_SUFFIX) or state.label.startswith(HEALTH_RID_PREFIX):
             return
         new = state.completion_tokens - before
         if new > 0:
@@ -149,7 +155,7 @@ class ServerMetrics:
             last = self._last_token_at.get(rid)
             if before == 0 or last is None:
                 self.ttft.observe(now - state.created)
-                priority = str(state.req.priority)
+                priority = priority_label(state.req.priority)
                 self._priority_ttft.labels(self.model_name, priority).observe(now - state.created)
                 if state.queue_time is not None:
                     self.queue_time.observe(state.queue_time)
@@ -213,6 +219,17 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def priority_label(priority: int) -> str:
+    """The `priority` label of a request: its value within +-PRIORITY_LABEL_RANGE, beyond that
+    ">10" or "<-10" (for a range of 10). Any 32-bit integer is a valid priority, so a label per
+    value would let clients create unbounded series; this keeps them to 2 * range + 3."""
+    if priority > PRIORITY_LABEL_RANGE:
+        return f">{PRIORITY_LABEL_RANGE}"
+    if priority < -PRIORITY_LABEL_RANGE:
+        return f"<-{PRIORITY_LABEL_RANGE}"
+    return str(priority)
 
 
 def kv_used(state: dict[str, Any]) -> int:

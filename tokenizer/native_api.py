@@ -91,9 +91,12 @@ def model_info(server: ServerState) -> dict[str, Any]:
 
 async def server_info(server: ServerState) -> dict[str, Any]:
     """/get_server_info: config without secrets, scheduler info and its live state."""
-    info = await server.manager().get_server_info()
+    tm = server.manager()
+    info = await tm.get_server_info()
+    server.metrics.prune(tm.rid_to_state)  # requests whose client left are not tracked past here
     info.update(version=VERSION, status=server.phase.value, served_model_name=server.model_name,
                 requests_in_flight=server.inflight)
+    info["tokenizer_state"]["metrics_tracked"] = server.metrics.tracked_requests()
     # The names SGLang's tools read (bench_serving, the router, dashboards).
     info["max_total_num_tokens"] = info.get("max_total_tokens")
     if info.get("context_length"):

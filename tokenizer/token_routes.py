@@ -6,7 +6,9 @@ history's tokens before they send it.
     POST /detokenize  {"tokens": [int], "skip_special_tokens": bool = false} -> {"text": str}
 
 A prompt is encoded exactly as /generate encodes its `text` (so `count` is its prompt_tokens).
-`model` may be given and is ignored, as on the other routes. Bad input is a 400 naming the field.
+`model` may be given and is ignored, as on the other routes. Bad input is a 400 naming the field;
+/detokenize takes at most MAX_DETOKENIZE_IDS (131072) ids. Long prompts and id lists are
+encoded and decoded on the PromptEncoder's worker thread, off the event loop.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from typing import Any
 from runtime.errors import InvalidRequest
 from tokenizer.server_state import ServerState
 
-MAX_DETOKENIZE_IDS = 1 << 20
+# A long context's worth of ids: more than any prompt or output this server can hold, and
+# small enough that its validation (on the loop, before the decode leaves it) stays short.
+MAX_DETOKENIZE_IDS = 1 << 17
 
 
 async def tokenize(server: ServerState, body: Any) -> dict[str, Any]:
@@ -43,14 +47,18 @@ async def detokenize(server: ServerState, body: Any) -> dict[str, Any]:
     tokens = body.get("tokens")
     tm = server.manager()
     vocab = tm.scheduler_info.get("vocab_size") or len(tm.tokenizer)
-    if (not isinstance(tokens, list) or len(tokens) > MAX_DETOKENIZE_IDS
-            or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in tokens)):
+    if isinstance(tokens, list) and len(tokens) > MAX_DETOKENIZE_IDS:  # NOTE: before walking them
+        raise InvalidRequest(f"tokens has {len(tokens)} ids; at most {MAX_DETOKENIZE_IDS}", param="tokens")
+    # type() is int: JSON booleans are not ids; min/max run in C.
+    if (not isinstance(tokens, list) or not all(type(t) is int for t in tokens)
+            or (tokens and (min(tokens) < 0 or max(tokens) >= vocab))):
         raise InvalidRequest(f"tokens must be a list of at most {MAX_DETOKENIZE_IDS} token ids in [0, {vocab})",
                              param="tokens")
     skip = body.get("skip_special_tokens", False)
     if not isinstance(skip, bool):
         raise InvalidRequest("skip_special_tokens must be a boolean", param="skip_special_tokens")
-    return {"text": tm.tokenizer.decode(tokens, skip_special_tokens=skip)}
+    texts = await tm.encoder.decode([tokens], skip_special_tokens=skip)
+    return {"text": texts[0]}
 
 
 def _object(body: Any) -> dict[str, Any]:

@@ -102,3 +102,26 @@ def test_decode_prefix_and_empty_abort(tokenizer: Any) -> None:
     ]))
     assert res.texts == [" forty two", ""]
     assert "p" in mgr.table and "gone" not in mgr.table
+
+
+def test_an_inconsistent_request_fails_alone_and_the_process_goes_on(tokenizer: Any) -> None:
+    """A rid twice in one step (the first entry final), and an id the tokenizer cannot decode:
+    those requests end with finish_reason abort and FAILED_KEY; the others decode as usual."""
+    from runtime.messages import FAILED_KEY
+
+    mgr = DetokenizerManager(tokenizer)
+    hello = tokenizer.encode("Hello")
+    done = {"type": "length", "length": 1}
+    res = mgr.handle_batch(_out([
+        {"rid": "ok", "new_ids": hello},
+        {"rid": "d", "new_ids": hello, "finished_reasons": done},
+        {"rid": "d", "new_ids": hello},
+        {"rid": "bad", "new_ids": [10**12]},
+    ]))
+    assert res.texts[0] == "Hello" and res.finished_reasons[0] is None
+    for i in (2, 3):
+        reason = res.finished_reasons[i]
+        assert reason is not None and reason["type"] == "abort" and reason[FAILED_KEY] is True, reason
+    assert "d" not in mgr.table and "bad" not in mgr.table and "ok" in mgr.table
+    res = mgr.handle_batch(_out([{"rid": "ok", "new_ids": tokenizer.encode(" world"), "finished_reasons": done}]))
+    assert res.texts == [" world"] and len(mgr.table) == 0

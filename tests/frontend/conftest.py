@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,10 +45,9 @@ def frontend_python() -> str:
     return FRONTEND_PYTHON
 
 
-@pytest.fixture(scope="module")
-def frontend_server(default_model_path: str, frontend_python: str) -> Iterator[RunningServer]:
-    with RunningServer.start(default_model_path) as server:
-        yield server
+@pytest.fixture
+def frontend_server(shared_server: RunningServer, frontend_python: str) -> RunningServer:
+    return shared_server  # the run's one default server (tests/conftest.py)
 
 
 def run_programs(python: str, server: RunningServer, part: str, out: Path) -> dict[str, Any]:

@@ -5,17 +5,27 @@
 
 For the duration, CONCURRENCY clients loop over a mix: native /generate and OpenAI completions and
 chat, streaming or not, on a few shared system prompts with their own suffixes; 10% are cancelled
-at a random moment (the connection closed mid-stream or before the answer), 5% are invalid (they
-must get a 400), a few carry a grammar or a short deadline. The server is small on purpose
-(8 running, 2 queued, for 12 clients) so admission control refuses some with 503. At the end: no 5xx other than
-those 503s, every valid request answered (or refused with 503) or cancelled, the scheduler idle
-with its integrity check passing, every request row free, the KV pool all free or evictable, and
-the server's memory grown by less than RSS_GROWTH_LIMIT.
+by the client itself (a stream left after its first 1-3 lines, a plain request's task cancelled at
+a random moment), 5% are invalid (they must get a 400: among them a request's own chat template,
+`apply_chat_template` parameters and tool-call arguments nested 50k deep or holding a lone
+surrogate), 3% come from a foreign web page (a 403), 5% reuse the client's own rid right after
+leaving a stream with it (served, or a 400 naming `rid` while the old one is still live), and a
+few carry a grammar or a short deadline.
+The server is small on purpose (8 running, 2 queued, for 12 clients) so admission control refuses
+some with 503. At the end: no 5xx other than those 503s, no client-side timeout (a request the
+server never finished is a failure, never a "cancel"), every valid request answered (or refused
+with 503) or cancelled by its client, the scheduler idle with its integrity check passing, every
+request row free, the KV pool all free or evictable, the main process holding no request (its
+maps, the detokenizer's decode states and the metrics' per-request map all empty, and a batch of
+max-running + max-queued prompts admitted), and the server's memory grown by less than
+RSS_GROWTH_LIMIT (a coarse bound against runaway growth: over a few seconds it cannot see a slow
+per-request leak; the checks of what is held are what prove that).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -45,7 +55,19 @@ INVALID = [  # (path, body): each must be a 400
     ("/v1/chat/completions", {"model": "m", "messages": [], "max_tokens": 4}),
     ("/generate", {"text": "hi", "sampling_params": {"regex": "[unclosed"}}),
     ("/generate", {"text": "hi", "timeout": -1}),
+    ("/v1/chat/completions", {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}],
+                              "chat_template_kwargs": {"chat_template": "{{ messages[0].content }}"}}),
+    ("/v1/chat/completions", {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}],
+                              "chat_template_kwargs": {"tokenize": True}}),
 ]
+TOOL_TURN = ('{"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", '
+             '"tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "ARGS"}}]}, '
+             '{"role": "tool", "tool_call_id": "c", "content": "ok"}]}')
+RAW_INVALID = [  # raw bytes: each must be a 400
+    TOOL_TURN.replace("ARGS", "[" * 50_000 + "]" * 50_000).encode(),  # arguments nested 50k deep
+    TOOL_TURN.replace("ARGS", r'{\"x\": \"\\ud800\"}').encode(),  # arguments {"x": "\ud800"}: a lone surrogate
+]
+FOREIGN = {"Origin": "http://evil.example"}
 
 
 @pytest.fixture(scope="module")
@@ -131,39 +153,115 @@ def _outcome(path: str, stream: bool, text: str) -> str:
     return "answered" if done else "unfinished_stream"
 
 
-async def _one(session: aiohttp.ClientSession, url: str, rng: random.Random, tally: Counter) -> None:
-    if rng.random() < 0.05:
-        path, body = rng.choice(INVALID)
-        async with session.post(url + path, json=body) as resp:
+async def _one(session: aiohttp.ClientSession, url: str, rng: random.Random, tally: Counter, rid: str) -> None:
+    roll = rng.random()
+    if roll < 0.03:
+        return await _foreign_page(session, url, rng, tally)
+    if roll < 0.08:
+        return await _reuse_rid(session, url, rng, tally, rid)
+    if roll < 0.13:
+        raw = rng.random() < 0.3
+        path, body = ("/v1/chat/completions", rng.choice(RAW_INVALID)) if raw else rng.choice(INVALID)
+        send = dict(data=body, headers={"Content-Type": "application/json"}) if raw else dict(json=body)
+        async with session.post(url + path, **send) as resp:
             await resp.read()
         if resp.status == 503:  # admission control sheds load before looking at the body
+            assert resp.headers.get("Retry-After") == "1"
             tally["invalid_rejected_503"] += 1
-            await _back_off(resp, rng)
+            await asyncio.sleep(rng.uniform(0.1, 0.5))  # a well-behaved client backs off (shortened)
         else:
             tally["invalid_400" if resp.status == 400 else f"invalid_got_{resp.status}"] += 1
         return
     path, body = _valid_request(rng)
-    cancel_after = rng.uniform(0.0, 0.5) if rng.random() < 0.10 else None
+    cancel = rng.random() < 0.10
     try:
-        async with asyncio.timeout(cancel_after):
-            async with session.post(url + path, json=body) as resp:
-                text = await resp.text()
-    except TimeoutError:
-        tally["cancelled"] += 1
+        if cancel and body["stream"]:
+            status, text = await _read_then_leave(session, url + path, body, rng.randrange(1, 4), tally)
+        elif cancel:
+            status, text = await _send_then_cancel(session, url + path, body, rng.uniform(0.0, 0.5), tally)
+        else:
+            status, text = await _send(session, url + path, body)
+    except TimeoutError:  # aiohttp's own total timeout: the server never finished this request
+        tally["client_timeout"] += 1
         return
-    if resp.status == 200:
+    if status is None:
+        return  # cancelled by this client (counted)
+    if status == 200:
         tally[_outcome(path, body.get("stream", False), text)] += 1
-    elif resp.status == 503:
+    elif status == 503:
         tally["rejected_503"] += 1
-        await _back_off(resp, rng)
+        await asyncio.sleep(rng.uniform(0.1, 0.5))  # as after an invalid one's 503
     else:
-        tally[f"status_{resp.status}"] += 1
+        tally[f"status_{status}"] += 1
 
 
-async def _back_off(resp: aiohttp.ClientResponse, rng: random.Random) -> None:
-    """What a well-behaved client does on 503: wait (Retry-After, shortened to keep the load up)."""
-    assert resp.headers.get("Retry-After") == "1"
-    await asyncio.sleep(rng.uniform(0.1, 0.5))
+async def _foreign_page(session: aiohttp.ClientSession, url: str, rng: random.Random, tally: Counter) -> None:
+    """What a web page could send: a generation, abort_all or a cache flush, from its Origin."""
+    path, body = rng.choice([("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 2}}),
+                             ("/abort_request", {"abort_all": True}), ("/flush_cache", {})])
+    async with session.post(url + path, data=json.dumps(body).encode(), headers=FOREIGN) as resp:
+        await resp.read()
+    tally["foreign_403" if resp.status == 403 else f"foreign_got_{resp.status}"] += 1
+
+
+async def _reuse_rid(session: aiohttp.ClientSession, url: str, rng: random.Random, tally: Counter, rid: str) -> None:
+    """Leave a stream with this client's own rid after one line, then send that rid again at once
+    (two requests): served, or a 400 naming `rid` while the old one is still live, never a crash."""
+    body = {"text": rng.choice(SYSTEMS), "rid": rid, "stream": True, "sampling_params": {"max_new_tokens": 64}}
+    status, text = await _read_then_leave(session, url + "/generate", body, 1, tally)
+    if status is not None:
+        tally[_outcome("/generate", True, text) if status == 200 else _rid_outcome(status, text)] += 1
+    tally["sent"] += 1  # the first of the two (the caller counts the second)
+    again = {**body, "stream": False, "sampling_params": {"max_new_tokens": 4}}
+    status, text = await _send(session, url + "/generate", again)
+    tally[_outcome("/generate", False, text) if status == 200 else _rid_outcome(status, text)] += 1
+
+
+def _rid_outcome(status: int, text: str) -> str:
+    if status == 503:
+        return "rejected_503"
+    if status == 400 and json.loads(text)["error"]["param"] == "rid":
+        return "rid_busy_400"
+    return f"status_{status}"
+
+
+async def _send(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> tuple[int, str]:
+    async with session.post(url, json=body) as resp:
+        if resp.status == 503:
+            assert resp.headers.get("Retry-After") == "1"
+        return resp.status, await resp.text()
+
+
+async def _read_then_leave(session: aiohttp.ClientSession, url: str, body: dict[str, Any], lines: int,
+                           tally: Counter) -> tuple[int | None, str]:
+    """Read `lines` lines of the stream, then close the connection: a cancel by the client (None)
+    unless the stream had already ended (its status and text are returned then)."""
+    async with session.post(url, json=body) as resp:
+        if resp.status != 200:
+            return resp.status, await resp.text()
+        seen = []
+        while len(seen) < lines:
+            line = await resp.content.readline()
+            if not line:  # the whole stream came first
+                return resp.status, "".join(seen)
+            seen.append(line.decode())
+        resp.close()
+    tally["cancelled"] += 1
+    return None, ""
+
+
+async def _send_then_cancel(session: aiohttp.ClientSession, url: str, body: dict[str, Any], after: float,
+                            tally: Counter) -> tuple[int | None, str]:
+    """Cancel the request's task `after` seconds in (None), unless it was answered first."""
+    task = asyncio.create_task(_send(session, url, body))
+    done, _ = await asyncio.wait({task}, timeout=after)
+    if done:
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    tally["cancelled"] += 1
+    return None, ""
 
 
 async def _soak(url: str, seconds: float) -> Counter:
@@ -175,11 +273,23 @@ async def _soak(url: str, seconds: float) -> Counter:
         timeout = aiohttp.ClientTimeout(total=120)
         async with aiohttp.ClientSession(timeout=timeout) as session:
             while time.monotonic() < end:
-                await _one(session, url, rng, tally)
+                await _one(session, url, rng, tally, f"soak-client-{seed}")
                 tally["sent"] += 1
 
     await asyncio.gather(*(client(i) for i in range(CONCURRENCY)))
     return tally
+
+
+def assert_no_request_held(server: RunningServer) -> None:
+    """The main process holds no request: admission counts every request it still tracks
+    (TokenizerManager.rid_to_state) plus reservations against max_running + max_queued, so a
+    batch of exactly that many prompts is admitted only if none is left over."""
+    info = requests.get(server.url + "/get_server_info", timeout=30).json()
+    assert set(info["tokenizer_state"].values()) == {0}, info["tokenizer_state"]
+    capacity = info["max_running_requests"] + info["max_queued_requests"]
+    body = {"text": [f"Say {i}." for i in range(capacity)], "sampling_params": {"max_new_tokens": 1}}
+    resp = requests.post(server.url + "/generate", json=body, timeout=120)
+    assert resp.status_code == 200, (capacity, resp.status_code, resp.text)
 
 
 def test_soak_mixed_traffic_loses_nothing(server: RunningServer) -> None:
@@ -198,12 +308,14 @@ def test_soak_mixed_traffic_loses_nothing(server: RunningServer) -> None:
                "kv_total": state["kv_total"], "kv_available": state["kv_available"],
                "kv_evictable": state["kv_evictable"], "deadline_expired": state["deadline_expired"]}
     print("soak:", json.dumps(figures))
-    bad = {k: v for k, v in tally.items() if k.startswith(("status_", "invalid_got_", "unfinished_", "stream_error_"))}
+    bad = {k: v for k, v in tally.items()
+           if k.startswith(("status_", "invalid_got_", "unfinished_", "stream_error_", "client_timeout", "foreign_got_"))}
     assert bad == {}, figures  # no 5xx (other than admission's 503), every invalid one a 400
-    assert tally["answered"] > 0 and tally["invalid_400"] > 0, figures
+    assert tally["answered"] > 0 and tally["invalid_400"] > 0 and tally["foreign_403"] > 0, figures
     assert tally["sent"] == sum(tally[k] for k in ("answered", "rejected_503", "cancelled", "invalid_400",
-                                                    "invalid_rejected_503"))
+                                                    "invalid_rejected_503", "foreign_403", "rid_busy_400"))
     assert state["integrity"] == "ok" and state["rows_free"] == state["rows_total"], state
     assert state["kv_available"] + state["kv_evictable"] == state["kv_total"], state  # nothing held
+    assert_no_request_held(server)
     assert rss_after - rss_before < RSS_GROWTH_LIMIT, figures
     assert requests.get(server.url + "/health", timeout=10).status_code == 200

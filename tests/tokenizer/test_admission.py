@@ -107,7 +107,10 @@ def test_the_server_default_timeout_becomes_a_deadline() -> None:
     from tokenizer.limits import RequestLimits
     from tokenizer.manager import TokenizerManager
 
+    from tokenizer.labels import InternalRids
+
     tm = object.__new__(TokenizerManager)  # only what _prepare reads
+    tm._rids = InternalRids()
     tm.config = ServerConfig(model_path="/m", request_timeout=30.0)
     tm.limits = RequestLimits(vocab_size=100, context_length=512, kv_total=None, max_n=4, max_top_logprobs=5)
     before = time.time()

@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 
 import pytest
 
@@ -21,11 +20,9 @@ KEYS = {"completed", "failed", "duration_s", "total_input_tokens", "total_output
         "p99_itl_ms", "mean_tpot_ms", "mean_e2e_latency_ms", "p99_e2e_latency_ms", "args"}
 
 
-@pytest.fixture(scope="module")
-def server(default_model_path: str) -> Iterator[RunningServer]:
-    running = RunningServer.start(default_model_path)
-    yield running
-    running.stop()
+@pytest.fixture
+def server(shared_server: RunningServer) -> RunningServer:
+    return shared_server  # the run's one default server (tests/conftest.py)
 
 
 def _bench(server: RunningServer, out: str, *args: str) -> dict:

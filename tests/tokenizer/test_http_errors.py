@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import threading
-import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -22,7 +21,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from runtime.config import ServerConfig
 from runtime.errors import InvalidRequest as InvalidRequest_
 from runtime.errors import RuntimeCrashed
-from tests.tokenizer.http_helpers import RunningServer, server_state
+from tests.tokenizer.http_helpers import RunningServer, server_state, wait_until
 from tokenizer.http_server import create_app
 from tokenizer.server_state import Phase, ServerState
 
@@ -235,7 +234,7 @@ BAD_REQUESTS: list[tuple[str, str, Any, int, str, str | None]] = [
      400, "nested too deeply", "response_format.json_schema.schema"),
     (CHAT, "POST", (RAW, _deep('{"model": "m", "messages": [{"role": "user", "content": "hi"}], '
                                '"tools": [{"type": "function", "function": {"name": "f", "parameters": DEEP}}]}')),
-     400, "nested too deeply", "tools"),
+     400, "nested too deeply", "tools[0].function.parameters"),
     (CHAT, "GET", None, 405, "not allowed", None),
     ("/flush_cache", "GET", None, 405, "not allowed", None),
     ("/no/such/route", "GET", None, 404, "Not found", None),
@@ -312,31 +311,46 @@ def test_health_is_exempt_and_unknown_routes_are_not(server: RunningServer) -> N
 
 def _runtime_children(pid: int) -> list[int]:
     """The spawned scheduler/detokenizer processes of the server `pid` (any of its threads may
-    have spawned them, so every task's children are read)."""
+    have spawned them, so every task's children are read), in the order they were started."""
     children = []
     for task in os.listdir(f"/proc/{pid}/task"):
         with open(f"/proc/{pid}/task/{task}/children") as fh:
             children += [int(c) for c in fh.read().split()]
     out = []
     for child in children:
-        with open(f"/proc/{child}/cmdline", "rb") as fh:
-            cmdline = fh.read()
         # Retitled "radixserve::<name>" where setproctitle is installed (the router extra brings it).
-        if b"spawn_main" in cmdline or cmdline.startswith(b"radixserve::"):
+        if b"spawn_main" in _cmdline(child) or _cmdline(child).startswith(b"radixserve::"):
             out.append(child)
-    return out
+
+    def started(child: int) -> tuple[int, int]:  # (start time in clock ticks, pid)
+        with open(f"/proc/{child}/stat") as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[19]), child
+
+    return sorted(out, key=started)
+
+
+def _cmdline(pid: int) -> bytes:
+    with open(f"/proc/{pid}/cmdline", "rb") as fh:
+        return fh.read()
 
 
 @pytest.mark.slow
 def test_a_dead_child_fails_requests_and_exits_nonzero(server: RunningServer) -> None:
-    """Last in this module: it kills the server's runtime."""
+    """Last in this module: it kills the server's runtime. The scheduler (runtime/launch.py
+    starts it before the detokenizer) is killed once the stream has its first event and both
+    requests run."""
     results: dict[str, Any] = {}
+    streaming = threading.Event()
 
     def stream() -> None:
         body = {"text": "Count:", "stream": True, "sampling_params": {"max_new_tokens": 1500}}
         with requests.post(server.url + GEN, json=body, headers=AUTH, stream=True,
                            timeout=60) as resp:
-            results["events"] = [line for line in resp.iter_lines() if line]
+            results["events"] = []
+            for line in resp.iter_lines():
+                if line:
+                    results["events"].append(line)
+                    streaming.set()
 
     def plain() -> None:
         body = {"text": "Count:", "sampling_params": {"max_new_tokens": 1500}}
@@ -345,10 +359,14 @@ def test_a_dead_child_fails_requests_and_exits_nonzero(server: RunningServer) ->
     workers = [threading.Thread(target=stream), threading.Thread(target=plain)]
     for w in workers:
         w.start()
-    time.sleep(1.5)
+    assert streaming.wait(60), "no stream event in 60 s"
+    wait_until(lambda: server_state(server, AUTH)["running"] == 2, "both requests to run", timeout=60)
     children = _runtime_children(server.process.pid)
     assert len(children) == 2
-    os.kill(children[0], signal.SIGKILL)
+    scheduler = children[0]
+    assert not _cmdline(scheduler).startswith(b"radixserve::") or _cmdline(scheduler).startswith(
+        b"radixserve::scheduler"), _cmdline(scheduler)
+    os.kill(scheduler, signal.SIGKILL)
     for w in workers:
         w.join(30)
     assert results["events"][-1] == b"data: [DONE]"

@@ -46,6 +46,12 @@ def _received(engine: Engine) -> list[list[str]]:
     return engine.get_state()["received"]
 
 
+def _internal_rid(engine: Engine, label: str) -> str | None:
+    """The server-made rid of the live request the client named `label` (None when none)."""
+    states = list(engine.tokenizer_manager.rid_to_state.values())
+    return next((s.rid for s in states if s.label == label), None)
+
+
 def _wait_for(cond: Callable[[], bool], what: str) -> None:
     deadline = time.monotonic() + WAIT_S
     while not cond():
@@ -89,15 +95,17 @@ def test_batch_and_parallel_sampling_with_warmup(engine: Engine) -> None:
     outs = engine.generate("six seven", {"max_new_tokens": 3, "n": 3}, rid="par")
     assert [o["meta_info"]["id"] for o in outs] == ["par_0", "par_1", "par_2"]
     assert len({o["text"] for o in outs}) == 1
-    got = [rid for kind, rid in _received(engine)
-           if kind == "GenerateReq" and rid.startswith("par")]
-    assert got == ["par_warmup", "par_0", "par_1", "par_2"]  # the warm-up goes first
+    # The scheduler sees server-made rids only, the warm-up first, then the samples
+    got = [rid for kind, rid in _received(engine) if kind == "GenerateReq"][-4:]
+    base = got[0].removesuffix("_warmup")
+    assert got == [f"{base}_warmup", f"{base}_0", f"{base}_1", f"{base}_2"]
+    assert not any("par" in rid or "b_" in rid for kind, rid in _received(engine))
 
 
 def test_seeded_parallel_samples_get_distinct_seeds(engine: Engine) -> None:
     engine.generate("seeds", {"max_new_tokens": 1, "n": 3, "seed": 41}, rid="sd")
     seeds = engine.get_state()["seeds"]
-    assert [seeds[f"sd_{j}"] for j in range(3)] == [41, 42, 43]
+    assert list(seeds.values())[-3:] == [41, 42, 43]
 
 
 def test_apply_chat_template(engine: Engine) -> None:
@@ -145,7 +153,7 @@ def test_abort_running_request(engine: Engine) -> None:
     worker = threading.Thread(target=lambda: result.update(
         engine.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 200}, rid="long")))
     worker.start()
-    _wait_for(lambda: "long" in engine.get_state()["running"], "the request to run")
+    _wait_for(lambda: _internal_rid(engine, "long") in engine.get_state()["running"], "the request to run")
     engine.abort("long")
     worker.join(WAIT_S)
     assert result["meta_info"]["finish_reason"]["type"] == "abort"
@@ -163,19 +171,29 @@ def test_cancelled_consumer_sends_abort(engine: Engine) -> None:
 
     future = asyncio.run_coroutine_threadsafe(consume(), engine.loop)
     assert started.wait(WAIT_S)
+    rid = _internal_rid(engine, "cancel-me")
+    assert rid is not None and rid != "cancel-me"
     future.cancel()
-    _wait_for(lambda: ["AbortReq", "cancel-me"] in _received(engine), "the AbortReq")
-    _wait_for(lambda: "cancel-me" not in engine.get_state()["running"], "the abort")
-    assert "cancel-me" not in tm.rid_to_state
+    _wait_for(lambda: ["AbortReq", rid] in _received(engine), "the AbortReq")
+    _wait_for(lambda: rid not in engine.get_state()["running"], "the abort")
+    assert rid not in tm.rid_to_state and _internal_rid(engine, "cancel-me") is None
+    tm_integrity = asyncio.run_coroutine_threadsafe(_check(tm), engine.loop)
+    tm_integrity.result(WAIT_S)
 
 
 def test_breaking_out_of_a_stream_aborts(engine: Engine) -> None:
+    rid = None
     for chunk in engine.generate(input_ids=[4, 5, 6], sampling_params={"max_new_tokens": 200},
                                  rid="brk", stream=True):
         assert chunk["meta_info"]["finish_reason"] is None
+        rid = _internal_rid(engine, "brk")
         break
-    _wait_for(lambda: ["AbortReq", "brk"] in _received(engine), "the AbortReq")
-    assert "brk" not in engine.tokenizer_manager.rid_to_state
+    _wait_for(lambda: ["AbortReq", rid] in _received(engine), "the AbortReq")
+    assert rid not in engine.tokenizer_manager.rid_to_state
+
+
+async def _check(tm: Any) -> None:
+    tm.check_integrity()
 
 
 def test_flush_cache_and_server_info(engine: Engine) -> None:
@@ -216,3 +234,98 @@ def test_rid_in_use_is_rejected(engine: Engine) -> None:
         engine.generate(input_ids=[1, 2], rid="dup")
     assert info.value.param == "rid"
     it.close()  # type: ignore[attr-defined]
+
+
+# ---------------------------------------------------------------- client rids are labels
+
+
+def test_a_live_rid_is_refused_and_free_again_once_its_client_left(engine: Engine) -> None:
+    """The crash of issue 18: stream rid "d", read one chunk, leave; send rid "d" again at once
+    (its abort may still be on the way). The scheduler and detokenizer only see server rids."""
+    tm = engine.tokenizer_manager
+    stream = engine.generate(input_ids=[11, 12, 13], sampling_params={"max_new_tokens": 200}, rid="d", stream=True)
+    next(iter(stream))
+    first = _internal_rid(engine, "d")
+    with pytest.raises(InvalidRequest) as err:
+        engine.generate(input_ids=[1, 2], sampling_params={"max_new_tokens": 2}, rid="d")
+    assert err.value.param == "rid"
+    stream.close()  # the client leaves: its request is aborted
+    out = engine.generate(input_ids=[21, 22, 23], sampling_params={"max_new_tokens": 3}, rid="d")
+    assert out["meta_info"]["id"] == "d" and out["meta_info"]["finish_reason"]["type"] == "length"
+    assert out["text"] == _expected(engine, [21, 22, 23], 3)
+    sent = [rid for kind, rid in _received(engine) if kind == "GenerateReq"]
+    assert first in sent and "d" not in sent and len(set(sent)) == len(sent)
+    _run(engine, _check(tm))
+
+
+def test_aborting_v_leaves_another_clients_v_3_running(engine: Engine) -> None:
+    results: dict[str, Any] = {}
+
+    def run(rid: str) -> None:
+        results[rid] = engine.generate(input_ids=[3, 4, 5], sampling_params={"max_new_tokens": 200}, rid=rid)
+
+    workers = [threading.Thread(target=run, args=(rid,)) for rid in ("v", "v_3")]
+    for worker in workers:
+        worker.start()
+    running = engine.get_state
+    _wait_for(lambda: {_internal_rid(engine, r) for r in ("v", "v_3")} <= set(running()["running"]), "both to run")
+    engine.abort("v")
+    workers[0].join(WAIT_S)
+    assert results["v"]["meta_info"]["finish_reason"]["type"] == "abort"
+    assert "v_3" not in results and _internal_rid(engine, "v_3") in running()["running"]
+    engine.abort("v_3")
+    workers[1].join(WAIT_S)
+    assert results["v_3"]["meta_info"]["finish_reason"]["type"] == "abort"
+
+
+def test_a_batch_rid_aborts_every_prompt_of_the_batch(engine: Engine) -> None:
+    results: list[Any] = []
+    worker = threading.Thread(target=lambda: results.append(engine.generate(
+        input_ids=[[1, 2], [3, 4]], sampling_params={"max_new_tokens": 200}, rid="bt")))
+    worker.start()
+    _wait_for(lambda: _internal_rid(engine, "bt_1") in engine.get_state()["running"], "the batch to run")
+    engine.abort("bt")
+    worker.join(WAIT_S)
+    assert [o["meta_info"]["finish_reason"]["type"] for o in results[0]] == ["abort", "abort"]
+
+
+def test_concurrent_grammar_checks_cannot_pass_the_queue_cap(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Admission counts a request from the moment it is admitted: 6 requests whose grammar
+    checks are all in progress at once, against room for 3: 3 are admitted, 3 get 503."""
+    import tokenizer.manager as manager_module
+    from runtime.errors import Overloaded
+
+    tm = engine.tokenizer_manager
+    gate, entered = asyncio.Event(), []
+
+    async def slow_check(params: Any) -> None:
+        entered.append(params)
+        await gate.wait()
+
+    async def scenario() -> list[Any]:
+        monkeypatch.setattr(manager_module, "check_grammar", slow_check)
+        saved, tm.max_live = tm.max_live, len(tm.rid_to_state) + 3
+
+        async def one(i: int) -> Any:
+            try:
+                return [out async for out in await tm.generate(
+                    {"input_ids": [7, 8], "sampling_params": {"max_new_tokens": 1}})][-1]
+            except Overloaded as exc:
+                return exc
+
+        try:
+            tasks = [asyncio.ensure_future(one(i)) for i in range(6)]
+            deadline = time.monotonic() + WAIT_S
+            while len(entered) + sum(t.done() for t in tasks) < 6:  # each admitted or refused
+                assert time.monotonic() < deadline, (len(entered), [t.done() for t in tasks])
+                await asyncio.sleep(0.01)
+            gate.set()
+            return await asyncio.gather(*tasks)
+        finally:
+            tm.max_live = saved
+
+    outs = _run(engine, scenario())
+    assert sum(isinstance(o, Overloaded) for o in outs) == 3, outs
+    assert all(o["meta_info"]["finish_reason"]["type"] == "length" for o in outs if not isinstance(o, Overloaded))
+    assert tm._reserved == 0
+    _run(engine, _check(tm))

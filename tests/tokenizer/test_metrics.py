@@ -3,9 +3,12 @@ read back with prometheus_client's parser."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from prometheus_client.parser import text_string_to_metric_families
 
 from runtime.config import ServerConfig
+from tokenizer.metrics import PRIORITY_LABEL_RANGE, priority_label
 from tokenizer.server_state import ServerState
 
 # SGLang's names (sglang/srt/metrics/collector.py) that dashboards read; counters without _total,
@@ -37,3 +40,22 @@ def test_sglang_prefix_gives_sglangs_names() -> None:
 def test_the_default_prefix_is_ours() -> None:
     got = families(ServerConfig(model_path="/models/m"))
     assert {f"radixserve:{name}": kind for name, kind in SGLANG_NAMES.items()}.items() <= got.items()
+
+
+def test_priority_label_is_bounded() -> None:
+    """Any 32-bit priority is accepted, but the `priority` label takes a fixed set of values:
+    itself within +-PRIORITY_LABEL_RANGE, two shared labels beyond."""
+    metrics = ServerState(ServerConfig(model_path="/models/m")).metrics
+    priorities = [0, 1, -1, PRIORITY_LABEL_RANGE, -PRIORITY_LABEL_RANGE, *range(11, 2000, 7),
+                  *range(-2000, -10, 13), 2**31 - 1, -(2**31)]
+    for i, priority in enumerate(priorities):
+        req = SimpleNamespace(priority=priority)
+        state = SimpleNamespace(rid=f"r{i}", label=f"r{i}", req=req, completion_tokens=1, created=0.0,
+                                queue_time=0.5, finished=False)
+        metrics.observe_output(state, 0, 1.0)  # type: ignore[arg-type]
+    text = metrics.render().decode()
+    labels = {s.labels["priority"] for f in text_string_to_metric_families(text)
+              if f.name == "radixserve:priority_queue_time_seconds" for s in f.samples}
+    r = PRIORITY_LABEL_RANGE
+    assert labels == {"0", "1", "-1", str(r), str(-r), f">{r}", f"<-{r}"}
+    assert priority_label(r + 1) == f">{r}" and priority_label(-r - 1) == f"<-{r}" and priority_label(3) == "3"

@@ -14,7 +14,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from runtime.errors import InvalidRequest
-from tokenizer.openai.protocol import OpenAIPlan, translate
+from tokenizer.chat_template import render_chat
+from tokenizer.openai.protocol import (
+    ChatPrompt, OpenAIPlan, check_chat, check_completion, finish_chat, translate,
+)
 from tokenizer.openai.reasoning import PARSERS as REASONING_PARSERS
 from tokenizer.openai.reasoning import ReasoningStream, split_reasoning
 from tokenizer.openai.tool_calls import (
@@ -22,6 +25,7 @@ from tokenizer.openai.tool_calls import (
 )
 
 if TYPE_CHECKING:
+    from runtime.config import ServerConfig
     from tokenizer.manager import TokenizerManager
 
 LogprobEntry = list[Any]  # [logprob | None, token_id, text | None]
@@ -34,16 +38,54 @@ def token_budget(tm: TokenizerManager) -> int:
     return int(min(tm.context_length, pool))
 
 
-def chat_prompt_ids(tm: TokenizerManager, messages: list[dict[str, Any]],
-                    template_kwargs: dict[str, Any]) -> list[int]:
+async def plan_chat_request(tm: TokenizerManager, config: ServerConfig, req: Any,
+                            model: str) -> OpenAIPlan:
+    """/v1/chat/completions -> plan: checked, then rendered and tokenized off the event loop."""
+    chat = check_chat(req, config.max_top_logprobs, config.trust_request_chat_template)
+    ids = await chat_prompt_ids(tm, chat.prompt)
+    return finish_chat(chat, model, token_budget(tm), ids)
+
+
+async def plan_completion_request(tm: TokenizerManager, config: ServerConfig, req: Any,
+                                  model: str) -> OpenAIPlan:
+    """/v1/completions -> plan; `echo` of id prompts decodes them, off the event loop when long."""
+    plan, echo = check_completion(req, model, config.max_top_logprobs)
+    if echo is not None:
+        id_prompts = [p for p in echo if not isinstance(p, str)]
+        _check_echo_ids(tm, config, id_prompts)
+        texts = iter(await tm.encoder.decode(id_prompts))
+        plan.echo_texts = [p if isinstance(p, str) else next(texts) for p in echo]
+    return plan
+
+
+def _check_echo_ids(tm: TokenizerManager, config: ServerConfig, prompts: list[list[int]]) -> None:
+    """NOTE: echo decodes before the manager checks the prompts, so its bounds come first here:
+    what the manager would refuse anyway (more prompts than --max-prompts-per-request, one longer
+    than the context, an id outside the vocabulary, which the tokenizer cannot decode), worded as
+    the manager words them. At most max_prompts_per_request x context_length ids are decoded."""
+    limit = config.max_prompts_per_request
+    if len(prompts) > limit:
+        raise InvalidRequest(f"{len(prompts)} prompts in one request; at most {limit} "
+                             "(--max-prompts-per-request)", param="prompt")
+    for ids in prompts:
+        if len(ids) > tm.context_length:
+            raise InvalidRequest(f"The input ({len(ids)} tokens) is longer than the model's "
+                                 f"context length ({tm.context_length} tokens).", param="prompt")
+        bad = min(ids) if min(ids) < 0 else max(ids)
+        if not 0 <= bad < tm.vocab_size:
+            raise InvalidRequest(f"prompt: token id {bad} is outside [0, {tm.vocab_size})", param="prompt")
+
+
+async def chat_prompt_ids(tm: TokenizerManager, prompt: ChatPrompt) -> list[int]:
     """The chat template's prompt, tokenized without adding special tokens (it has them)."""
-    messages, template_kwargs = adapt_to_template(template_source(tm), messages, template_kwargs)
-    try:
-        text = tm.apply_chat_template(messages, **template_kwargs)
-    except Exception as exc:  # NOTE: client-controlled input rendered by a Jinja template
-        raise InvalidRequest(f"the chat template cannot render these messages: {exc}",
-                             param="messages") from None
-    return list(tm.tokenizer.encode(text, add_special_tokens=False))
+    template = prompt.template
+    source = template.source if template is not None else template_source(tm)
+    kwargs = {**prompt.variables, "tools": prompt.tools} if prompt.tools else dict(prompt.variables)
+    messages, kwargs = adapt_to_template(source, prompt.messages, kwargs)
+    tools = kwargs.pop("tools", None)
+    text = await render_chat(tm, messages, tools, kwargs, template)
+    ids = await tm.encoder.encode_texts([text], add_special_tokens=False)
+    return list(ids[0])
 
 
 def template_source(tm: TokenizerManager) -> str:

@@ -24,6 +24,7 @@ from typing import Any
 
 from runtime.errors import InvalidRequest
 from runtime.json_text import client_json
+from tokenizer.openai.json_bounds import check_text, check_value, describe
 
 ANY_JSON = "$$ANY$$"  # SGLang's json_schema sentinel: any JSON value
 GRAMMAR_FIELDS = ("regex", "json_schema", "ebnf")
@@ -89,7 +90,8 @@ def _response_format(req: dict[str, Any]) -> tuple[dict[str, str], dict[str, str
         return {}, {}
     if kind not in ("json_object", "json_schema"):
         raise InvalidRequest("response_format must be an object whose type is one of text, "
-                             f"json_object, json_schema; got {kind!r}", param="response_format")
+                             f"json_object, json_schema; got {describe(kind)}",
+                             param="response_format")
     given = [g for g in GRAMMAR_FIELDS if req.get(g) is not None]
     if given:
         raise InvalidRequest(f"response_format {kind} cannot be combined with {given[0]}: give "
@@ -150,15 +152,21 @@ def _check_tool(tool: Any, where: str) -> dict[str, Any]:
     name = fn.get("name")
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise InvalidRequest(f"{where}.function.name must be 1-64 letters, digits, _ or -, got "
-                             f"{name!r}", param=f"{where}.function.name")
-    if not isinstance(fn.get("description", ""), str):
+                             f"{describe(name)}", param=f"{where}.function.name")
+    description = fn.get("description", "")
+    if not isinstance(description, (str, type(None))):
         raise InvalidRequest(f"{where}.function.description must be a string",
                              param=f"{where}.function.description")
+    check_text(description or "", f"{where}.function.description")
+    if not isinstance(fn.get("strict", False), (bool, type(None))):
+        raise InvalidRequest(f"{where}.function.strict must be a boolean",
+                             param=f"{where}.function.strict")
     params = fn.get("parameters")
     params = _EMPTY_PARAMETERS if params is None else params
     if not isinstance(params, dict) or params.get("type", "object") != "object":
         raise InvalidRequest(f"{where}.function.parameters must be a JSON schema of an object",
                              param=f"{where}.function.parameters")
+    check_value(params, f"{where}.function.parameters")  # rendered with tojson, dumped for grammars
     out: dict[str, Any] = {"name": name}
     if fn.get("description"):
         out["description"] = fn["description"]
@@ -177,10 +185,12 @@ def check_tool_choice(choice: Any, names: Collection[str]) -> ToolChoice:
     fn = choice.get("function") if isinstance(choice, dict) else None
     if not isinstance(choice, dict) or choice.get("type") != "function" or not isinstance(fn, dict):
         raise InvalidRequest(f"tool_choice must be none, auto, required or {{'type': 'function', "
-                             f"'function': {{'name': ...}}}}, got {choice!r}", param="tool_choice")
+                             f"'function': {{'name': ...}}}}, got {describe(choice)}",
+                             param="tool_choice")
     name = fn.get("name")
     if name not in names:
-        raise InvalidRequest(f"tool_choice names the function {name!r}, which is not in tools",
+        raise InvalidRequest(f"tool_choice names the function {describe(name)}, which is not in "
+                             "tools",
                              param="tool_choice")
     return ToolChoice("named", name)
 
@@ -216,22 +226,3 @@ def _call_schema(fn: dict[str, Any], defs: dict[str, dict[str, Any]]) -> dict[st
             table[name] = sub
     return {"type": "object", "properties": {"name": {"const": fn["name"]}, "arguments": params},
             "required": ["name", "arguments"], "additionalProperties": False}
-
-
-def check_history_calls(calls: Any, where: str) -> list[dict[str, Any]]:
-    """An assistant message's `tool_calls` from the history, in OpenAI's shape; `arguments` may
-    be a JSON string (OpenAI) or an object."""
-    if not isinstance(calls, list):
-        raise InvalidRequest(f"{where} must be a list of tool calls", param=where)
-    out = []
-    for i, call in enumerate(calls):
-        fn = call.get("function") if isinstance(call, dict) else None
-        ok = isinstance(fn, dict) and isinstance(fn.get("name"), str) and isinstance(
-            fn.get("arguments", "{}"), (str, dict))
-        if not ok:
-            raise InvalidRequest(f"{where}[{i}] must be {{'id': str, 'type': 'function', "
-                                 "'function': {'name': str, 'arguments': str}}",
-                                 param=f"{where}[{i}]")
-        out.append({"id": str(call.get("id") or ""), "type": "function",
-                    "function": {"name": fn["name"], "arguments": fn.get("arguments", "{}")}})
-    return out

@@ -11,7 +11,12 @@ back to the OpenAI names by `translate`. Choices where OpenAI or SGLang leave ro
     them. The manager compiles and checks them (one per request at most).
   - Chat `max_tokens` defaults to the rest of the context (OpenAI, vLLM); completions to 16.
   - A chat prompt is the chat template's text tokenized without adding special tokens (the
-    template already has them), sent as `input_ids`.
+    template already has them), sent as `input_ids`. `check_chat` validates everything the
+    template gets (`messages.py`, `template_vars.py`); the caller renders the `ChatPrompt` and
+    `finish_chat` builds the plan (the server renders off the event loop: `api.plan_chat_request`).
+  - Fields without a check of their own here (sampling values, `timeout`, ...) are first held to
+    `FIELD_BOUNDS`, so that no later check can meet a value deep enough to break its error
+    message's repr, or a number or string the tokenizer cannot take.
 """
 
 from __future__ import annotations
@@ -24,10 +29,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.errors import InvalidRequest
+from tokenizer.chat_template import RequestTemplate
 from tokenizer.generate_body import cache_namespace
 from tokenizer.openai.constraints import (
-    GRAMMAR_FIELDS, ToolPlan, chat_constraints, check_history_calls,
+    GRAMMAR_FIELDS, ChatConstraints, ToolPlan, chat_constraints,
 )
+from tokenizer.openai.json_bounds import Bounds, check_value, describe
+from tokenizer.openai.messages import check_messages
+from tokenizer.openai.template_vars import check_template_kwargs
 
 SAMPLING_FIELDS = {  # OpenAI / SGLang-extra name -> SamplingParams name
     "temperature": "temperature", "top_p": "top_p", "n": "n", "stop": "stop", "seed": "seed",
@@ -53,8 +62,11 @@ COMMON = {"model", "max_tokens", "stream", "stream_options", "logprobs", "rid", 
           *SAMPLING_FIELDS, *GRAMMAR_FIELDS, *IGNORED}
 COMPLETION_FIELDS = COMMON | {"prompt", "echo", "suffix", "best_of"}
 CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "top_logprobs", "response_format",
-                        "tools", "tool_choice", "chat_template_kwargs"}
-ROLES = {"system", "developer", "user", "assistant", "tool"}
+                        "tools", "tool_choice", "chat_template_kwargs", "chat_template"}
+# Fields whose own checks walk them (the others meet FIELD_BOUNDS first); IGNORED ones are unread.
+SELF_CHECKED = {"prompt", "messages", "tools", "tool_choice", "response_format",
+                "chat_template_kwargs", "chat_template", *IGNORED}
+FIELD_BOUNDS = Bounds(max_depth=8)
 COMPLETION_DEFAULT_MAX_TOKENS = 16
 
 
@@ -125,11 +137,14 @@ def _check_object(req: Any, allowed: set[str]) -> dict[str, Any]:
         if name in req:
             value = req[name]
             if not isinstance(value, bool) or (neutral is not None and value not in neutral):
-                raise InvalidRequest(f"{name}={value!r} is not supported", param=name)
+                raise InvalidRequest(f"{name}={describe(value)} is not supported", param=name)
     unknown = sorted(k for k in req if k not in allowed and k not in NEUTRAL_EXTENSIONS)
     if unknown:
         raise InvalidRequest(f"Unrecognized request argument(s): {', '.join(unknown)}",
                              param=unknown[0])
+    for name, value in req.items():
+        if name not in SELF_CHECKED:
+            check_value(value, name, FIELD_BOUNDS)
     _typed(req, "model", lambda x: isinstance(x, str), "a string")
     return req
 
@@ -153,7 +168,8 @@ def _stream_options(req: dict[str, Any]) -> tuple[bool, bool]:
                              param="stream_options")
     unknown = sorted(k for k in options if k != "include_usage")
     if unknown:
-        raise InvalidRequest(f"unknown stream_options field {unknown[0]!r}", param="stream_options")
+        raise InvalidRequest(f"unknown stream_options field {describe(unknown[0])}",
+                             param="stream_options")
     usage = options.get("include_usage", False)
     if not isinstance(usage, bool):
         raise InvalidRequest("stream_options.include_usage must be a boolean",
@@ -199,7 +215,17 @@ def cache_key(req: dict[str, Any]) -> str | None:
 
 def plan_completion(req: Any, model: str, max_top_logprobs: int,
                     decode: Callable[[list[int]], str]) -> OpenAIPlan:
-    """/v1/completions -> manager body. `decode` turns id prompts into text for `echo`."""
+    """/v1/completions -> manager body. `decode` turns id prompts into text for `echo`, in the
+    caller's thread (the server decodes off the event loop: `api.plan_completion_request`)."""
+    plan, echo = check_completion(req, model, max_top_logprobs)
+    if echo is not None:
+        plan.echo_texts = [p if isinstance(p, str) else decode(p) for p in echo]
+    return plan
+
+
+def check_completion(req: Any, model: str, max_top_logprobs: int) -> tuple[OpenAIPlan, list[Any] | None]:
+    """/v1/completions -> (its plan without `echo_texts`, the prompts to echo: strings or id lists,
+    None without `echo`)."""
     req = _check_object(req, COMPLETION_FIELDS)
     prompts, field, is_batch = _prompts(req.get("prompt"))
     if req.get("suffix") is not None:
@@ -219,10 +245,9 @@ def plan_completion(req: Any, model: str, max_top_logprobs: int,
     if logprobs is not None:
         body.update(return_logprob=True, top_logprobs_num=logprobs, return_text_in_logprobs=True,
                     logprob_start_len=0 if echo else -1)
-    echo_texts = [p if isinstance(p, str) else decode(p) for p in prompts] if echo else None
-    return _plan("completion", req, model, body=body, num_prompts=len(prompts), stream=stream,
-                 include_usage=include_usage, logprobs=logprobs is not None,
-                 echo_texts=echo_texts)
+    plan = _plan("completion", req, model, body=body, num_prompts=len(prompts), stream=stream,
+                 include_usage=include_usage, logprobs=logprobs is not None)
+    return plan, (prompts if echo else None)
 
 
 def _prompts(prompt: Any) -> tuple[list[Any], str, bool]:
@@ -249,80 +274,85 @@ def _prompts(prompt: Any) -> tuple[list[Any], str, bool]:
 # ---------------------------------------------------------------- chat
 
 
-def plan_chat(req: Any, model: str, max_top_logprobs: int, context_length: int,
-              render: Callable[[list[dict[str, Any]], dict[str, Any]], list[int]]) -> OpenAIPlan:
-    """/v1/chat/completions -> manager body. `render(messages, template_kwargs)` applies the
-    chat template and tokenizes (raising InvalidRequest when the template refuses); with tools,
-    `template_kwargs["tools"]` holds them in OpenAI's shape."""
+@dataclass(frozen=True, slots=True)
+class ChatPrompt:
+    """What the chat template renders: validated messages, the template's variables, the
+    callable tools (OpenAI's shape) and a request's own template (only with
+    --trust-request-chat-template)."""
+
+    messages: list[dict[str, Any]]
+    variables: dict[str, Any]
+    tools: list[dict[str, Any]] | None = None
+    template: RequestTemplate | None = None
+
+    def template_kwargs(self) -> dict[str, Any]:
+        """Keywords for a tokenizer's `apply_chat_template`: the variables, `tools` and
+        `chat_template` when given."""
+        kwargs = dict(self.variables)
+        if self.tools is not None:
+            kwargs["tools"] = self.tools
+        if self.template is not None:
+            kwargs["chat_template"] = self.template.source
+        return kwargs
+
+
+@dataclass(slots=True)
+class CheckedChat:
+    """A validated chat request before rendering: its prompt and what its plan needs."""
+
+    req: dict[str, Any]
+    prompt: ChatPrompt
+    constraints: ChatConstraints
+    logprobs: bool
+    top_logprobs: int | None
+    stream: bool
+    include_usage: bool
+
+
+def check_chat(req: Any, max_top_logprobs: int, trust_template: bool = False) -> CheckedChat:
+    """Validate a /v1/chat/completions body (everything but what needs the rendered prompt).
+    `trust_template`: the server's --trust-request-chat-template."""
     req = _check_object(req, CHAT_FIELDS)
-    messages = _messages(req.get("messages"))
+    messages = check_messages(req.get("messages"))
     constraints = chat_constraints(req)
-    tools = constraints.tools
     logprobs = bool(_typed(req, "logprobs", lambda x: isinstance(x, bool), "a boolean"))
     top = _top_k(req, "top_logprobs", max_top_logprobs)
     if top and not logprobs:
         raise InvalidRequest("top_logprobs requires logprobs to be true", param="top_logprobs")
     stream, include_usage = _stream_options(req)
-    kwargs = _typed(req, "chat_template_kwargs", lambda x: isinstance(x, dict), "an object")
-    kwargs = dict(kwargs or {})
-    if tools is not None:
-        kwargs["tools"] = tools.as_openai_tools()
-    ids = render(messages, kwargs)
+    variables, template = check_template_kwargs(req, trust_template)
+    tools = constraints.tools.as_openai_tools() if constraints.tools is not None else None
+    prompt = ChatPrompt(messages, variables, tools, template)
+    return CheckedChat(req, prompt, constraints, logprobs, top, stream, include_usage)
+
+
+def finish_chat(chat: CheckedChat, model: str, context_length: int, ids: list[int]) -> OpenAIPlan:
+    """The plan of a checked chat request whose prompt rendered to `ids`."""
+    req = chat.req
     max_tokens = req.get("max_completion_tokens")
     if max_tokens is None:
         max_tokens = req.get("max_tokens")
     if max_tokens is None:
         max_tokens = max(context_length - len(ids), 0)
-    sampling = {**_sampling(req, max_tokens), **constraints.grammar}
-    body: dict[str, Any] = {"input_ids": ids, "sampling_params": sampling, "stream": stream}
-    if logprobs:
-        body.update(return_logprob=True, top_logprobs_num=top or 0, return_text_in_logprobs=True)
-    return _plan("chat", req, model, body=body, num_prompts=1, stream=stream,
-                 include_usage=include_usage, logprobs=logprobs, tools=tools,
-                 renames=constraints.renames, separate_reasoning=req.get("separate_reasoning", True),
+    sampling = {**_sampling(req, max_tokens), **chat.constraints.grammar}
+    body: dict[str, Any] = {"input_ids": ids, "sampling_params": sampling, "stream": chat.stream}
+    if chat.logprobs:
+        body.update(return_logprob=True, top_logprobs_num=chat.top_logprobs or 0,
+                    return_text_in_logprobs=True)
+    return _plan("chat", req, model, body=body, num_prompts=1, stream=chat.stream,
+                 include_usage=chat.include_usage, logprobs=chat.logprobs,
+                 tools=chat.constraints.tools, renames=chat.constraints.renames,
+                 separate_reasoning=req.get("separate_reasoning", True),
                  stream_reasoning=req.get("stream_reasoning", True))
 
 
-def _messages(messages: Any) -> list[dict[str, Any]]:
-    """Validated messages with text content (content parts joined); developer -> system.
-    Assistant `tool_calls` and a tool message's `tool_call_id` are kept for the template."""
-    if not isinstance(messages, list) or not messages:
-        raise InvalidRequest("messages must be a non-empty list of message objects",
-                             param="messages")
-    out = []
-    for i, m in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(m, dict):
-            raise InvalidRequest(f"{where} must be an object", param=where)
-        role = m.get("role")
-        if role not in ROLES:
-            raise InvalidRequest(f"{where}.role must be one of {sorted(ROLES)}, got {role!r}",
-                                 param=f"{where}.role")
-        content = _content(m.get("content"), role, where)
-        item: dict[str, Any] = {"role": "system" if role == "developer" else role,
-                                "content": content}
-        if role == "assistant" and m.get("tool_calls"):
-            item["tool_calls"] = check_history_calls(m["tool_calls"], f"{where}.tool_calls")
-        if role == "tool" and isinstance(m.get("tool_call_id"), str):
-            item["tool_call_id"] = m["tool_call_id"]
-        out.append(item)
-    return out
-
-
-def _content(content: Any, role: str, where: str) -> str:
-    if isinstance(content, str):
-        return content
-    if content is None and role == "assistant":
-        return ""
-    if not isinstance(content, list):
-        raise InvalidRequest(f"{where}.content must be a string or a list of content parts",
-                             param=f"{where}.content")
-    texts = []
-    for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind != "text" or not isinstance(part.get("text"), str):
-            raise InvalidRequest(
-                f"{where}.content[{j}] must be a text part ({{'type': 'text', 'text': str}}); "
-                f"got type {kind!r} (only text is supported)", param=f"{where}.content")
-        texts.append(part["text"])
-    return "".join(texts)
+def plan_chat(req: Any, model: str, max_top_logprobs: int, context_length: int,
+              render: Callable[[list[dict[str, Any]], dict[str, Any]], list[int]],
+              trust_template: bool = False) -> OpenAIPlan:
+    """/v1/chat/completions -> manager body, rendering in the caller's thread.
+    `render(messages, template_kwargs)` applies the chat template and tokenizes (raising
+    InvalidRequest when the template refuses); `template_kwargs` is
+    `ChatPrompt.template_kwargs()`."""
+    chat = check_chat(req, max_top_logprobs, trust_template)
+    ids = render(chat.prompt.messages, chat.prompt.template_kwargs())
+    return finish_chat(chat, model, context_length, ids)

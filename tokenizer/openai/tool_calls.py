@@ -30,6 +30,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from runtime.json_text import client_json
 from runtime.stop import partial_stop_suffix_len
 
@@ -137,11 +139,14 @@ def _call_text(call: dict[str, Any]) -> str:
 
 
 def _arguments(call: dict[str, Any]) -> Any:
+    """A history call's arguments as an object when they are JSON text. NOTE: orjson, which
+    cannot recurse too deep nor yield a lone surrogate (the request check refused JSON that only
+    the stdlib parser reads: `json_bounds.load_json_text`)."""
     args = call["function"]["arguments"]
     if isinstance(args, str):
         try:
-            return json.loads(args)
-        except ValueError:
+            return orjson.loads(args)
+        except orjson.JSONDecodeError:
             pass  # NOTE: kept as the client sent it: the history is rendered, not judged
     return args
 
@@ -179,9 +184,9 @@ def _json_calls(text: str, names: Collection[str]) -> list[ToolCall]:
     while rest:
         try:
             obj, end = decoder.raw_decode(rest)
-        except ValueError:
+        except (ValueError, RecursionError):  # NOTE: a constrained output can nest 1000 deep
             return []
-        call = _as_call(json.dumps(obj), names) if isinstance(obj, dict) else None
+        call = _call_of(obj, names)
         if call is None:
             return []
         calls.append(call)
@@ -195,20 +200,33 @@ def _as_call(text: str, names: Collection[str]) -> ToolCall | None:
     if not text.startswith("{"):
         return None
     try:
-        obj = json.loads(text)
-    except ValueError:
+        obj = orjson.loads(text)
+    except orjson.JSONDecodeError:
         return None
-    if not isinstance(obj, dict) or obj.get("name") not in names:
+    return _call_of(obj, names)
+
+
+def _call_of(obj: Any, names: Collection[str]) -> ToolCall | None:
+    """The call a parsed JSON value makes, or None. NOTE: an output is model text that a client
+    can steer (a regex constraint): arguments too deep to write back, or holding a lone surrogate
+    (which no JSON response can carry), make it content, not a call."""
+    name = obj.get("name") if isinstance(obj, dict) else None
+    if not isinstance(name, str) or name not in names:
         return None
     args = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(args, str):
         try:
-            args = json.loads(args)
-        except ValueError:
+            args = orjson.loads(args)
+        except orjson.JSONDecodeError:
             return None
     if not isinstance(args, dict):
         return None
-    return ToolCall(obj["name"], json.dumps(args, ensure_ascii=False), new_call_id())
+    try:
+        text = json.dumps(args, ensure_ascii=False)
+        text.encode("utf-8")
+    except (RecursionError, ValueError):  # UnicodeEncodeError is a ValueError
+        return None
+    return ToolCall(name, text, new_call_id())
 
 
 class ToolCallStream:
