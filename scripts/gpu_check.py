@@ -12,7 +12,9 @@ when any comparison failed.
 The shapes keep the real attention layout (heads, KV heads, head dim, vocabulary) with fewer
 layers, so FlashInfer's kernels and their dispatch are the real ones while weights stay small.
 Dummy weights give flat logits: logits are compared, not tokens, between backends; CUDA graphs
-against eager compare greedy tokens too (the same kernels, so they must agree).
+against eager compare greedy tokens too (the same kernels, so they must agree), and count the
+replays (every decode step must go through a graph: on CPU, its eager stand-in). Decode speed is
+recorded as "info": a measurement, neither ok nor failed.
 """
 
 from __future__ import annotations
@@ -42,10 +44,14 @@ REAL_SHAPES = {
 TINY_SHAPES = {"llama-3.2-1b": (32, 8, 64, 128, 256, 512), "qwen2.5-7b-group7": (14, 2, 64, 128, 256, 512)}
 LAYERS = 4
 BF16_LOGIT_TOLERANCE = 0.05  # max |difference| of logits (dummy weights give logits of order 1)
+GRAPH_LOGIT_TOLERANCE = 1e-4  # fp32 dry run: the stand-in replay reruns the same ops on a padded batch
 DECODE_BATCHES = (1, 32, 128, 256)
 
 
 class Report:
+    """results.jsonl records: {"kind", "status": "ok" | "FAIL" | "info", "ok": bool | None, ...}.
+    A measurement without a pass/fail criterion (decode speed) is "info" (ok None), never "ok"."""
+
     def __init__(self, out: Path) -> None:
         self.out = out
         out.mkdir(parents=True, exist_ok=True)
@@ -55,13 +61,19 @@ class Report:
         self.lines: list[str] = []
 
     def add(self, kind: str, ok: bool, **fields: Any) -> None:
-        record = {"kind": kind, "ok": ok, **fields}
+        self._write(kind, "ok" if ok else "FAIL", ok, fields)
+
+    def info(self, kind: str, **fields: Any) -> None:
+        self._write(kind, "info", None, fields)
+
+    def _write(self, kind: str, status: str, ok: bool | None, fields: dict[str, Any]) -> None:
+        record = {"kind": kind, "status": status, "ok": ok, **fields}
         with self.path.open("a") as fh:
             fh.write(json.dumps(record) + "\n")
-        line = f"{'ok  ' if ok else 'FAIL'} {kind} " + " ".join(f"{k}={v}" for k, v in fields.items())
+        line = f"{status:4} {kind} " + " ".join(f"{k}={v}" for k, v in fields.items())
         print(line, flush=True)
         self.lines.append(line)
-        if not ok:
+        if status == "FAIL":
             self.failed.append(line)
 
     def finish(self) -> int:
@@ -117,8 +129,9 @@ def check_backends(report: Report, root: Path, dry_run: bool) -> None:
                                error=f"{type(exc).__name__}: {exc}", trace=traceback.format_exc(limit=4))
 
 
-def _decode_tokens(runner, batch: int, steps: int) -> list[list[int]]:
-    """Greedy decode of `batch` requests (prompt 16 tokens each) for `steps` steps."""
+def _decode(runner, batch: int, steps: int) -> tuple[list[list[int]], list[torch.Tensor]]:
+    """Greedy decode of `batch` requests (prompt 16 tokens each) for `steps` steps: each row's
+    tokens, and each decode step's fp32 logits [batch, vocab] (on the CPU)."""
     from runtime.forward_batch import ForwardEntry
     from runtime.sampling import SamplingParams
 
@@ -129,27 +142,62 @@ def _decode_tokens(runner, batch: int, steps: int) -> list[list[int]]:
                for r in range(batch)]
     last = runner.forward(prompts).host_next_ids()
     out = [[t] for t in last]
+    logits = []
     for step in range(steps):
         n = 16 + step
         entries = [ForwardEntry(row=r, input_ids=[out[r][-1]], prefix_len=n, kv_write=[1 + r * region + n],
                                 kv_write_start=n, sampling=greedy) for r in range(batch)]
-        for r, t in enumerate(runner.forward(entries).host_next_ids()):
+        result = runner.forward(entries, keep_logits=True)
+        for r, t in enumerate(result.host_next_ids()):
             out[r].append(t)
-    return out
+        logits.append(result.last_logits.float().cpu())
+    return out, logits
 
 
-def check_graphs(report: Report, root: Path, dry_run: bool) -> None:
+def compare_decodes(eager: tuple[list[list[int]], list[torch.Tensor]],
+                    graphed: tuple[list[list[int]], list[torch.Tensor]],
+                    replays: int, steps: int, tolerance: float) -> tuple[bool, dict[str, Any]]:
+    """Graph replay against eager: the same greedy tokens, logits within `tolerance`, and every
+    decode step replayed (a graphed runner that silently ran eagerly would compare eager with
+    eager). Returns (ok, the record's fields)."""
+    same_tokens = graphed[0] == eager[0]
+    err = max_logit_error(graphed[1], eager[1])
+    fields = {"same_tokens": same_tokens, "max_logit_err": round(err, 6), "replays": replays, "steps": steps}
+    return same_tokens and err <= tolerance and replays == steps, fields
+
+
+def check_graphs(report: Report, root: Path, dry_run: bool, batches: tuple[int, ...] = (1, 3, 8),
+                 steps: int = 32) -> None:
+    """Decode through the graph replay path (captured graphs; on CPU their eager stand-ins, with
+    the same static buffers, padding and per-bucket planning) against a plain eager runner."""
     path = model_folder(root, "llama-3.2-1b", dry_run)
-    for batch in (1, 3, 8):
+    for batch in batches:
         try:
-            eager = _decode_tokens(make_runner(path, "flashinfer", 1, dry_run), batch, 32)
+            eager = _decode(make_runner(path, "flashinfer", 1, dry_run), batch, steps)
             graphed = make_runner(path, "flashinfer", 1, dry_run)
             graphed.init_cuda_graphs(8, capture=not dry_run)
-            same = _decode_tokens(graphed, batch, 32) == eager
-            report.add("cuda_graph_vs_eager", same, batch=batch, steps=32)
+            replays = _count_replays(graphed)
+            ok, fields = compare_decodes(eager, _decode(graphed, batch, steps), replays["n"], steps,
+                                         GRAPH_LOGIT_TOLERANCE if dry_run else BF16_LOGIT_TOLERANCE)
+            report.add("cuda_graph_vs_eager", ok, batch=batch, **fields)
         except Exception as exc:  # noqa: BLE001
             report.add("cuda_graph_vs_eager", False, batch=batch, error=f"{type(exc).__name__}: {exc}",
                        trace=traceback.format_exc(limit=4))
+
+
+def _count_replays(runner) -> dict[str, int]:
+    """Count the runner's graph replays from now on (a dict the caller reads after decoding)."""
+    graphs = runner.graphs
+    assert graphs is not None, "init_cuda_graphs() first"
+    count = {"n": 0}
+    run = graphs.run
+
+    def counted(entries):
+        count["n"] += 1
+        return run(entries)
+
+    graphs.run = counted
+    return count
 
 
 def measure_decode(report: Report, root: Path, dry_run: bool) -> None:
@@ -173,7 +221,8 @@ def measure_decode(report: Report, root: Path, dry_run: bool) -> None:
                 for i in range(0, batch, 8):
                     runner.forward(prefill[i : i + 8])
                 timing = _timed_decode(runner, batch, ctx, region, steps)
-                report.add("decode_speed", True, cuda_graph=graphs, batch=batch, context=ctx, **timing)
+                # A measurement, not a check: no threshold is known to hold on the lent GPU yet.
+                report.info("decode_speed", cuda_graph=graphs, batch=batch, context=ctx, **timing)
             except Exception as exc:  # noqa: BLE001
                 report.add("decode_speed", False, cuda_graph=graphs, batch=batch, error=f"{type(exc).__name__}: {exc}")
 

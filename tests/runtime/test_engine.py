@@ -125,6 +125,14 @@ def test_tiny_pool_still_finishes_everything(chat_ids) -> None:
         assert_idle_and_sound(small)
 
 
+def _wait_running(engine: Engine, count: int, timeout_s: float = 120.0) -> None:
+    """Poll the scheduler's state until `count` requests run (the deadline only bounds a failure)."""
+    deadline = time.monotonic() + timeout_s
+    while (state := engine.get_state())["running"] < count:
+        assert time.monotonic() < deadline, f"{count} requests not running after {timeout_s} s: {state}"
+        time.sleep(0.02)
+
+
 def test_killed_scheduler_fails_pending_calls() -> None:
     for doomed in _engine():
         errors: list[BaseException] = []
@@ -137,7 +145,7 @@ def test_killed_scheduler_fails_pending_calls() -> None:
 
         worker = threading.Thread(target=call)
         worker.start()
-        time.sleep(1.0)
+        _wait_running(doomed, 1)
         scheduler = doomed._runtime.processes["scheduler"]
         os.kill(scheduler.pid, signal.SIGKILL)
         worker.join(timeout=10)
@@ -170,7 +178,7 @@ def test_two_tensor_parallel_ranks_match_hf_then_die_together(chat_ids, hf_refer
         workers = [threading.Thread(target=call, args=(i,)) for i in range(3)]
         for w in workers:
             w.start()
-        time.sleep(1.0)
+        _wait_running(tp, 3)
         os.kill(tp._runtime.processes["tp-rank-1"].pid, signal.SIGKILL)
         for w in workers:
             w.join(timeout=10)

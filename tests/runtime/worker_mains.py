@@ -22,3 +22,15 @@ def echo_or_sleep(conn: Connection, setup: Any) -> None:
         return setup, request
 
     serve(conn, handle)
+
+
+def mark_then_sleep(conn: Connection, marker: str) -> None:
+    """On "sleep": creates the file `marker` (the request is in the helper), then never answers."""
+
+    def handle(request: Any) -> Any:
+        if request == "sleep":
+            open(marker, "w").close()
+            time.sleep(3600)
+        return request
+
+    serve(conn, handle)

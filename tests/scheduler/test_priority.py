@@ -1,6 +1,7 @@
 """Priority scheduling on the tiny model, driven step by step: urgency orders the queue, an urgent
 arrival preempts less urgent running requests (which resume with the same greedy tokens),
-the threshold and the per-request preemption cap hold, aging lets a starved request through,
+preemption needs an urgency difference above the threshold,
+the per-request preemption cap holds, aging lets a starved request through,
 and under saturation by low-priority work the urgent requests' first token comes in the step
 they arrive while every low-priority request still completes."""
 
@@ -87,15 +88,36 @@ def test_an_urgent_arrival_preempts_and_the_victim_resumes_unchanged(tiny_model:
     assert len(results["urgent"]["ids"]) == 4
 
 
-def test_the_threshold_and_the_cap_limit_preemption(tiny_model: str) -> None:
+@pytest.mark.parametrize("low_values_first, priority, preempts", [
+    (False, 10, False), (False, 11, True),  # urgency difference == threshold: no; threshold + 1: yes
+    (True, -10, False), (True, -11, True),  # the same with the sign flipped
+])
+def test_preemption_needs_a_difference_above_the_threshold(tiny_model: str, low_values_first: bool, priority: int,
+                                                           preempts: bool) -> None:
+    sched, io = make(tiny_model, max_running_requests=1, priority_scheduling_preemption_threshold=10,
+                     schedule_low_priority_values_first=low_values_first, **PRIORITY)
+    submit(io, "background", [5, 6, 7], max_new_tokens=30, priority=0)
+    arrival = {3: [("arrival", [8, 8], {"max_new_tokens": 2, "priority": priority})]}
+    results, arrived, first = step_until_idle(sched, io, arrival)
+    assert all(r["finishes"] == 1 for r in results.values())
+    delay = first["arrival"] - arrived["arrival"]
+    if preempts:
+        assert (sched.preemptions, sched.retractions, delay) == (1, 1, 0)
+    else:  # the one row stays with "background" until its 30 tokens are out
+        assert (sched.preemptions, sched.retractions) == (0, 0) and delay >= 30 - 3 - 1, delay
+
+
+def test_the_cap_limits_preemptions_per_request(tiny_model: str) -> None:
     sched, io = make(tiny_model, max_running_requests=1, priority_scheduling_preemption_threshold=10, **PRIORITY)
     submit(io, "background", [5, 6, 7], max_new_tokens=40, priority=0)
-    arrivals = {3: [("close", [8, 8], {"max_new_tokens": 2, "priority": 10})]}  # not more than 10 above
-    arrivals.update({6 + 4 * i: [(f"urgent-{i}", [9, 9], {"max_new_tokens": 2, "priority": 50})]
-                     for i in range(MAX_PREEMPTIONS + 2)})
+    arrivals = {6 + 4 * i: [(f"urgent-{i}", [9, 9], {"max_new_tokens": 2, "priority": 50})]
+                for i in range(MAX_PREEMPTIONS + 2)}
     results, arrived, first = step_until_idle(sched, io, arrivals)
     assert sched.preemptions == MAX_PREEMPTIONS  # then "background" keeps its row
-    assert first["close"] > first["background"] and all(r["finishes"] == 1 for r in results.values())
+    delays = [first[f"urgent-{i}"] - arrived[f"urgent-{i}"] for i in range(MAX_PREEMPTIONS + 2)]
+    assert delays[:MAX_PREEMPTIONS] == [0] * MAX_PREEMPTIONS
+    assert min(delays[MAX_PREEMPTIONS:]) >= 10, delays  # they wait for "background" to finish
+    assert all(r["finishes"] == 1 for r in results.values())
 
 
 def test_aging_lets_a_starved_request_through(tiny_model: str) -> None:
