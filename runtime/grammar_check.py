@@ -138,6 +138,8 @@ def _worker_main(conn: Connection, build: Callable[[GrammarSpec], Any] = build_g
         try:
             build(GrammarSpec(*request))
             return None
+        except UnicodeDecodeError:  # xgrammar cut its message inside a non-ASCII character
+            return f"{GrammarSpec(*request).param} is not a valid grammar (the error is at a non-ASCII character)"
         except Exception as e:  # noqa: BLE001  (any failure is the grammar's verdict)
             return clean_error(e)
 

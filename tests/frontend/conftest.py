@@ -45,7 +45,7 @@ def frontend_python() -> str:
     return FRONTEND_PYTHON
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def frontend_server(shared_server: RunningServer, frontend_python: str) -> RunningServer:
     return shared_server  # the run's one default server (tests/conftest.py)
 

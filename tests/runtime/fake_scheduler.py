@@ -7,8 +7,9 @@ the protocol holds: one BatchTokenOut per step, one finished entry per request, 
 prefix, max_new_tokens=0 prefill-only requests, stop_token_ids (matched_stop_token), logprobs.
 
 Test hooks:
-  - a rid starting with "crash" raises inside the loop (SchedulerCrashed, exit code 1);
-  - a rid starting with "exit" calls os._exit(EXIT_CODE) (a hard death without a report);
+  - the prompt CRASH_PROMPT raises inside the loop (SchedulerCrashed, exit code 1);
+  - the prompt EXIT_PROMPT calls os._exit(EXIT_CODE) (a hard death without a report);
+  (prompts, not rids: the scheduler only sees the rids the main process makes)
   - GetStateReq answers {"received": [[type, rid], ...], "running": [rids], "seeds": {rid: seed}}
     so a test can see exactly what reached the scheduler.
 """
@@ -37,6 +38,8 @@ STEP_S = 0.01
 EXIT_CODE = 7
 OUTPUT_LOGPROB = -0.5
 INPUT_LOGPROB = -1.0
+CRASH_PROMPT = [7, 7, 7, 13]
+EXIT_PROMPT = [7, 7, 7, 17]
 
 
 @dataclass
@@ -78,9 +81,9 @@ class FakeScheduler:
                 time.sleep(STEP_S)
 
     def on_generate(self, msg: GenerateReq) -> None:
-        if msg.rid.startswith("crash"):
+        if list(msg.input_ids) == CRASH_PROMPT:
             raise RuntimeError("fake scheduler: crash on demand")
-        if msg.rid.startswith("exit"):
+        if list(msg.input_ids) == EXIT_PROMPT:
             os._exit(EXIT_CODE)
         self.seeds[msg.rid] = msg.sampling_params.seed
         self.running[msg.rid] = _Req(msg)

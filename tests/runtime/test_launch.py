@@ -24,7 +24,7 @@ from runtime import launch
 from scheduler.watchdog import WATCHDOG_EXIT_CODE
 from tests.runtime.faulty_scheduler import FAULT_MESSAGE, FAULT_PROMPT, HANG_PROMPT, run_faulty_scheduler
 from tests.runtime.fake_scheduler import (
-    EXIT_CODE, orphan_middle, run_dying_scheduler, run_fake_scheduler, run_sleepy_scheduler,
+    CRASH_PROMPT, EXIT_CODE, orphan_middle, run_dying_scheduler, run_fake_scheduler, run_sleepy_scheduler,
 )
 
 WAIT_S = 15.0
@@ -76,9 +76,9 @@ def _pending_generate(engine: Engine) -> tuple[threading.Thread, dict[str, Any]]
 
     worker = threading.Thread(target=work)
     worker.start()
-    def running() -> bool:
+    def running() -> bool:  # the scheduler sees a server-made rid, not "victim"
         state = engine.get_state()["running"]
-        return "victim" in state if isinstance(state, list) else state > 0
+        return len(state) > 0 if isinstance(state, list) else state > 0
 
     _wait_for(running, "the request to run")
     return worker, box
@@ -108,7 +108,7 @@ def test_scheduler_exception_fails_requests(config: ServerConfig, private_tmp: s
     engine = Engine.from_config(config, scheduler_target=run_fake_scheduler)
     worker, box = _pending_generate(engine)
     with pytest.raises(RuntimeCrashed, match="scheduler process crashed: RuntimeError"):
-        engine.generate(input_ids=[1, 2], rid="crash-now")
+        engine.generate(input_ids=CRASH_PROMPT)
     worker.join(WAIT_S)
     assert isinstance(box.get("error"), RuntimeCrashed)  # woken by the crash, not left waiting
     assert not engine.is_healthy

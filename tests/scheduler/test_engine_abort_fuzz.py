@@ -31,7 +31,8 @@ DECISIVE = UNFINISHABLE // 2
 async def _abort_live(manager: Any, rid: str) -> int | None:
     """Abort `rid` on the engine's loop; the tokens its manager state had received, None when
     it was no longer live there."""
-    state = manager.rid_to_state.get(rid)
+    live = [manager.rid_to_state[internal] for internal in manager.labels.find(rid)]  # rid is a label
+    state = live[0] if live else None
     seen = None if state is None or state.finished else state.completion_tokens
     await manager.abort(rid)
     return seen

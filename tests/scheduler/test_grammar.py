@@ -369,3 +369,11 @@ def test_json_whitespace_bound(
     assert all(state.accept(space) for _ in range(spaces_ok))
     if bound is not None:
         assert not state.accept(space)
+
+
+def test_an_error_at_a_non_ascii_character_is_a_clear_400() -> None:
+    """xgrammar cuts its message inside the character; the verdict names the field instead of
+    quoting a UTF-8 decode error (found by the schemathesis run)."""
+    with pytest.raises(InvalidRequest) as err:
+        validate_grammar(GrammarSpec("ebnf", 'root ::= "a" \u00c2'))
+    assert err.value.param == "ebnf" and "codec" not in str(err.value), str(err.value)

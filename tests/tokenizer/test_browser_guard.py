@@ -51,6 +51,7 @@ class RecordingManager:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.calls: list[str] = []
+        self.rid_to_state: dict[str, Any] = {}
 
     async def generate(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         self.calls.append("generate")
@@ -69,7 +70,7 @@ class RecordingManager:
 
     async def get_server_info(self) -> dict[str, Any]:
         self.calls.append("get_server_info")
-        return {**self.config.public_dict(), "internal_states": []}
+        return {**self.config.public_dict(), "internal_states": [], "tokenizer_state": {}}
 
 
 class Reply:
