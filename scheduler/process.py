@@ -9,6 +9,7 @@ Sockets (ARCHITECTURE §1; the receiving side binds):
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import traceback
 from multiprocessing.connection import Connection
@@ -50,6 +51,9 @@ class SocketIO:
         for sock in (self.inbox, self.to_detokenizer, self.to_tokenizer):
             sock.close()
         self.ctx.term()
+
+
+CRASH_REPORT_TIMEOUT_MS = 1000
 
 
 def start_watchdog(config: ServerConfig, ipc_path: str, scheduler: Any) -> Watchdog | None:
@@ -144,7 +148,28 @@ def run_scheduler_process(config: ServerConfig, ipc_path: str, ready_conn: Conne
     except Exception:
         tb = traceback.format_exc()
         logger.error("scheduler crashed:\n%s", tb)
-        io.send_control(SchedulerCrashed("scheduler", tb))
+        _report_crash(io, tb)
         io.close()
-        sys.exit(1)
+        _exit_now(1)
     io.close()
+
+
+def _report_crash(io: SocketIO, tb: str) -> None:
+    """Tell the main process, waiting at most CRASH_REPORT_TIMEOUT_MS: it may already be shutting
+    the tree down (another child died first) and read nothing, and a send would wait its full
+    timeout while this process should be gone."""
+    io.to_tokenizer.send_timeout_ms = CRASH_REPORT_TIMEOUT_MS
+    try:
+        io.send_control(SchedulerCrashed("scheduler", tb))
+    except ConnectionError:
+        logger.warning("the crash could not be reported: the main process is not reading")
+
+
+def _exit_now(code: int) -> None:
+    """Exit at once, the crash reported. NOTE: a normal interpreter exit can block on what the
+    failure left behind (a torch.distributed group whose peer was killed mid-collective, the
+    tensor-parallel channel's sockets), and a rank must not outlive its peer."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
