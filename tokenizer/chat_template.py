@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from runtime.errors import InvalidRequest, Overloaded
 from runtime.worker_process import KillableWorker, serve
+from tokenizer.openai.json_bounds import lone_surrogate_at
 
 if TYPE_CHECKING:
     from tokenizer.manager import TokenizerManager
@@ -117,17 +118,6 @@ def clean_error(exc: BaseException | str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def _valid_unicode(text: str) -> bool:
-    """False when `text` holds a lone surrogate (the tokenizer raises TypeError on one)."""
-    if text.isascii():
-        return True
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 # ---------------------------------------------------------------- the tokenizer's own template
 
 _POOL = ThreadPoolExecutor(max_workers=RENDER_THREADS, thread_name_prefix="chat-template")
@@ -151,7 +141,7 @@ def _render_own(tm: TokenizerManager, messages: list[dict[str, Any]],
     except Exception as exc:  # NOTE: client-controlled input rendered by a Jinja template
         raise InvalidRequest(f"the chat template cannot render these messages: {clean_error(exc)}",
                              param="messages") from None
-    if not _valid_unicode(text):
+    if lone_surrogate_at(text) is not None:  # the tokenizer raises TypeError on one
         raise InvalidRequest("the rendered prompt holds a lone surrogate", param="messages")
     return text
 
@@ -244,7 +234,7 @@ def _render_job(render: Callable[..., Any], job: SandboxJob) -> tuple[bool, str]
         return False, clean_error(exc)
     if not isinstance(text, str) or len(text) > job.max_chars:
         return False, f"the rendered prompt is longer than {job.max_chars} characters"
-    if not _valid_unicode(text):
+    if lone_surrogate_at(text) is not None:
         return False, "the rendered prompt holds a lone surrogate"
     return True, text
 

@@ -48,15 +48,27 @@ async def check_grammar(params: SamplingParams) -> None:
         await validate_grammar_async(spec)
 
 
-def _check_lengths(field: str, ids: list[int], max_new: int, lim: RequestLimits) -> None:
-    limit = lim.context_length
+def check_prompt_count(count: int, limit: int, field: str) -> None:
+    """At most `limit` prompts (--max-prompts-per-request) in one request."""
+    if count > limit:
+        raise InvalidRequest(f"{count} prompts in one request; at most {limit} (--max-prompts-per-request)",
+                             param=field)
+
+
+def check_prompt_ids(field: str, ids: list[int], vocab_size: int, context_length: int) -> None:
+    """A prompt's ids (known non-negative): some, in the vocabulary, within the context."""
     if not ids:
         raise InvalidRequest(f"{field} encodes to no tokens", param=field)
-    if max(ids) >= lim.vocab_size:
-        raise InvalidRequest(f"{field}: token id {max(ids)} is outside [0, {lim.vocab_size})", param=field)
-    if len(ids) > limit:
+    if max(ids) >= vocab_size:
+        raise InvalidRequest(f"{field}: token id {max(ids)} is outside [0, {vocab_size})", param=field)
+    if len(ids) > context_length:
         raise InvalidRequest(f"The input ({len(ids)} tokens) is longer than the model's "
-                             f"context length ({limit} tokens).", param=field)
+                             f"context length ({context_length} tokens).", param=field)
+
+
+def _check_lengths(field: str, ids: list[int], max_new: int, lim: RequestLimits) -> None:
+    limit = lim.context_length
+    check_prompt_ids(field, ids, lim.vocab_size, limit)
     if len(ids) + max_new > limit:
         raise InvalidRequest(
             f"Requested token count exceeds the model's maximum context length of {limit} "

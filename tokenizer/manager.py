@@ -37,7 +37,7 @@ from tokenizer.admission import PromptEncoder, check_admission
 from tokenizer.fanout import WARMUP_SUFFIX, Prepared
 from tokenizer.generate_body import SingleRequest, normalize_generate
 from tokenizer.labels import InternalRids, LabelIndex
-from tokenizer.limits import RequestLimits, check_grammar, check_request
+from tokenizer.limits import RequestLimits, check_grammar, check_prompt_count, check_request
 from tokenizer.request_state import Group, ReqState, apply_output, build_output
 
 logger = logging.getLogger("radixserve.tokenizer")
@@ -132,10 +132,8 @@ class TokenizerManager:
         """
         self._check_alive()
         normalized = normalize_generate(body)
-        if len(normalized.requests) > self.config.max_prompts_per_request:
-            field = "input_ids" if body.get("input_ids") is not None else "text"
-            raise InvalidRequest(f"{len(normalized.requests)} prompts in one request; at most "
-                                 f"{self.config.max_prompts_per_request} (--max-prompts-per-request)", param=field)
+        field = "input_ids" if body.get("input_ids") is not None else "text"
+        check_prompt_count(len(normalized.requests), self.config.max_prompts_per_request, field)
         # NOTE: a request counts against the cap from the moment it is admitted, through the
         # awaits below, until _dispatch_all registers it: concurrent requests cannot all pass.
         reservation = self._admit(len(normalized.requests), normalized.requests[0].prompt_field)

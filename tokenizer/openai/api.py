@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from runtime.errors import InvalidRequest
 from tokenizer.chat_template import render_chat
+from tokenizer.limits import check_prompt_count, check_prompt_ids
 from tokenizer.openai.protocol import (
     ChatPrompt, OpenAIPlan, check_chat, check_completion, finish_chat, translate,
 )
@@ -63,17 +64,11 @@ def _check_echo_ids(tm: TokenizerManager, config: ServerConfig, prompts: list[li
     what the manager would refuse anyway (more prompts than --max-prompts-per-request, one longer
     than the context, an id outside the vocabulary, which the tokenizer cannot decode), worded as
     the manager words them. At most max_prompts_per_request x context_length ids are decoded."""
-    limit = config.max_prompts_per_request
-    if len(prompts) > limit:
-        raise InvalidRequest(f"{len(prompts)} prompts in one request; at most {limit} "
-                             "(--max-prompts-per-request)", param="prompt")
+    check_prompt_count(len(prompts), config.max_prompts_per_request, "prompt")
     for ids in prompts:
-        if len(ids) > tm.context_length:
-            raise InvalidRequest(f"The input ({len(ids)} tokens) is longer than the model's "
-                                 f"context length ({tm.context_length} tokens).", param="prompt")
-        bad = min(ids) if min(ids) < 0 else max(ids)
-        if not 0 <= bad < tm.vocab_size:
-            raise InvalidRequest(f"prompt: token id {bad} is outside [0, {tm.vocab_size})", param="prompt")
+        if ids and min(ids) < 0:  # the tokenizer cannot decode it (the manager never sees one)
+            raise InvalidRequest(f"prompt: token id {min(ids)} is outside [0, {tm.vocab_size})", param="prompt")
+        check_prompt_ids("prompt", ids, tm.vocab_size, tm.context_length)
 
 
 async def chat_prompt_ids(tm: TokenizerManager, prompt: ChatPrompt) -> list[int]:
