@@ -145,22 +145,29 @@ class _DetokenizerLoop:
         self.ctx.term()
 
 
-def load_tokenizer(config: ServerConfig) -> Any:
-    """The Hugging Face tokenizer of the served model."""
-    from transformers import AutoTokenizer
+def load_tokenizer(config: ServerConfig, class_ref: str | None = None) -> Any:
+    """The Hugging Face tokenizer of the served model (`class_ref`: see `runtime.tokenizer_load`)."""
+    from runtime import tokenizer_load
 
-    return AutoTokenizer.from_pretrained(config.tokenizer_path or config.model_path)
+    return tokenizer_load.load_tokenizer(tokenizer_load.tokenizer_source(config), class_ref)
 
 
-def run_detokenizer_process(config: ServerConfig, ipc_path: str, ready_conn: Connection) -> None:
-    """Entry point of the detokenizer process (spawned by `runtime.launch`)."""
+def run_detokenizer_process(
+    config: ServerConfig, ipc_path: str, ready_conn: Connection, tokenizer_class: str | None = None
+) -> None:
+    """Entry point of the detokenizer process (spawned by `runtime.launch`).
+
+    Args:
+        tokenizer_class: the launcher's `runtime.tokenizer_load.class_ref` of the tokenizer; with
+            it this process imports neither transformers' auto classes nor torch.
+    """
     from runtime.procutil import configure_child, watch_parent
 
     configure_child(config, "detokenizer")
     watch_parent()
     loop: _DetokenizerLoop | None = None
     try:
-        loop = _DetokenizerLoop(DetokenizerManager(load_tokenizer(config)), ipc_path)
+        loop = _DetokenizerLoop(DetokenizerManager(load_tokenizer(config, tokenizer_class)), ipc_path)
         ready_conn.send_bytes(encode(ChildReady("detokenizer", {})))
         loop.run()
     except Exception:

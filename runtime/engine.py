@@ -16,13 +16,14 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import functools
 import threading
 from collections.abc import AsyncIterator, Coroutine, Iterator
 from typing import Any, TypeVar
 
 from runtime.config import ServerConfig, config_from_kwargs
 from runtime.errors import RuntimeCrashed
-from runtime.launch import ChildTarget, Runtime, launch_runtime
+from runtime.launch import ChildTarget, Runtime, launch_runtime_with
 from tokenizer.manager import GenerateOutput, TokenizerManager
 
 _T = TypeVar("_T")
@@ -53,17 +54,21 @@ class Engine:
 
     def _start(self, config: ServerConfig, scheduler_target: ChildTarget | None) -> None:
         from runtime.model_setup import resolve_config
+        from runtime.tokenizer_load import load_tokenizer, tokenizer_source
 
         self.config = resolve_config(config)
         self._closed = False
-        self._runtime: Runtime = launch_runtime(self.config, scheduler_target)
+        # The tokenizer loads here while the children load.
+        load = functools.partial(load_tokenizer, tokenizer_source(self.config))
+        self._runtime: Runtime
+        self._runtime, tokenizer = launch_runtime_with(self.config, load, scheduler_target)
         self.loop = _new_event_loop()
         self._thread = threading.Thread(
             target=self.loop.run_forever, name="radixserve-engine", daemon=True
         )
         self._thread.start()
         try:
-            self.tokenizer_manager: TokenizerManager = self._call(self._start_manager())
+            self.tokenizer_manager: TokenizerManager = self._call(self._start_manager(tokenizer))
         except BaseException:
             self._stop_loop()
             self._runtime.shutdown()
@@ -71,8 +76,8 @@ class Engine:
         self._runtime.watch(self.tokenizer_manager.fail_all_threadsafe)
         atexit.register(self.shutdown)
 
-    async def _start_manager(self) -> TokenizerManager:
-        tm = TokenizerManager(self.config, self._runtime.ipc_path, self._runtime.scheduler_info)
+    async def _start_manager(self, tokenizer: Any) -> TokenizerManager:
+        tm = TokenizerManager(self.config, self._runtime.ipc_path, self._runtime.scheduler_info, tokenizer)
         tm.on_dead = self._on_dead
         await tm.start()
         return tm

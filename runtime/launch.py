@@ -1,6 +1,7 @@
 """Start the runtime's child processes, watch them, and shut them down.
 
     runtime = launch_runtime(resolved_config)      # scheduler + detokenizer, both ready
+    runtime, tokenizer = launch_runtime_with(resolved_config, load)  # load() runs while they start
     runtime.watch(on_death)                        # on_death("the scheduler process exited ...")
     ...
     runtime.shutdown()                             # idempotent; also registered with atexit
@@ -11,6 +12,11 @@ so this module stays light and the caller holds the same resolved config it serv
 With tp_size > 1 the children also include one "tp-rank-N" process per further rank
 (runtime/tp_worker.py): no sockets, stopped by rank 0 rather than by a ShutdownReq, and watched
 like the others, so a rank's death fails every request.
+
+Start-up order: the scheduler (the long pole: torch, weights, warm-up) is spawned first; then the
+launcher decides which tokenizer class the folder needs (`runtime.tokenizer_load.class_ref`) and
+hands it to the detokenizer, which then loads its tokenizer without importing torch; the caller's
+own work (the main process's tokenizer) runs while both load.
 
 Readiness: each child sends `ChildReady` over its own one-way pipe. The launcher waits on every
 pipe and every process sentinel at once, so a child that dies while loading fails the launch at
@@ -31,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import Any, TypeVar
 
 from runtime.codec import CodecError, decode
 from runtime.config import ServerConfig
@@ -44,6 +50,7 @@ READY_TIMEOUT_S = {"scheduler": 300.0, "detokenizer": 120.0}  # model loading ca
 SHUTDOWN_JOIN_S = 10.0  # how long children get to exit after ShutdownReq
 KILL_JOIN_S = 3.0
 ChildTarget = Callable[[ServerConfig, str, Connection], None]
+_T = TypeVar("_T")
 
 
 class LaunchError(RuntimeError):
@@ -61,17 +68,25 @@ class _Child:
 class Runtime:
     """The running child processes of one launch, their IPC directory and the scheduler's info."""
 
-    def __init__(self, config: ServerConfig, ipc_dir: IpcDir, children: list[_Child]) -> None:
+    def __init__(self, config: ServerConfig, ipc_dir: IpcDir) -> None:
         self.config = config
         self.ipc_dir = ipc_dir
-        self.processes: dict[str, BaseProcess] = {c.name: c.process for c in children}
-        self._socket_names = {c.name for c in children if c.has_socket}
+        self.children: list[_Child] = []
+        self.processes: dict[str, BaseProcess] = {}
+        self._socket_names: set[str] = set()
         self.scheduler_info: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._closed = False
         self._stop_r, self._stop_w = os.pipe()  # wakes the watcher thread on shutdown
         self._watcher: threading.Thread | None = None
         atexit.register(self.shutdown)
+
+    def add(self, child: _Child) -> None:
+        """Own a spawned child: it is waited for, watched and stopped with the others."""
+        self.children.append(child)
+        self.processes[child.name] = child.process
+        if child.has_socket:
+            self._socket_names.add(child.name)
 
     @property
     def ipc_path(self) -> str:
@@ -136,33 +151,72 @@ def launch_runtime(config: ServerConfig, scheduler_target: ChildTarget | None = 
         LaunchError: a child died, crashed or timed out before it was ready (everything started
             is stopped and the IPC directory removed first).
     """
-    assert config.model_path and config.device != "auto", "resolve_config(config) first"
-    if scheduler_target is None:
-        from scheduler.process import run_scheduler_process as scheduler_target
-    from detokenizer.manager import run_detokenizer_process
+    return launch_runtime_with(config, lambda: None, scheduler_target)[0]
 
-    from runtime.tp_worker import rank_name, run_tp_rank_process
 
-    ipc_dir = IpcDir()
-    ctx = mp.get_context("spawn")
-    children = [
-        _spawn(ctx, "scheduler", scheduler_target, config, ipc_dir.path),
-        _spawn(ctx, "detokenizer", run_detokenizer_process, config, ipc_dir.path),
-    ]
-    # Tensor-parallel ranks 1..: no sockets; they follow the scheduler (rank 0).
-    children += [
-        _spawn(ctx, rank_name(r), run_tp_rank_process, config, ipc_dir.path, r, has_socket=False)
-        for r in range(1, config.tp_size)
-    ]
-    runtime = Runtime(config, ipc_dir, children)
+def launch_runtime_with(
+    config: ServerConfig, meanwhile: Callable[[], _T], scheduler_target: ChildTarget | None = None
+) -> tuple[Runtime, _T]:
+    """`launch_runtime`, running `meanwhile()` in this thread while the children load.
+
+    Returns the ready runtime and what `meanwhile()` returned.
+    Raises:
+        LaunchError: as `launch_runtime`, or `meanwhile()` raised (then it is the cause, and the
+            children are stopped at once without waiting for them).
+    """
+    start = time.monotonic()
+    runtime = _spawn_runtime(config, scheduler_target)
     try:
-        infos = _await_ready(children)
+        try:
+            result = meanwhile()
+        except Exception as exc:
+            raise LaunchError(f"the main process failed while the children loaded: {type(exc).__name__}: {exc}") from exc
+        infos = _await_ready(runtime.children, start)
     except BaseException:
         runtime.shutdown(graceful=False)
         raise
     runtime.scheduler_info = infos["scheduler"]
     logger.info("runtime ready: %s", runtime.scheduler_info)
+    return runtime, result
+
+
+def _spawn_runtime(config: ServerConfig, scheduler_target: ChildTarget | None) -> Runtime:
+    """Spawn every child, the model loaders first (see the module docstring); nothing waits for
+    readiness. A failure stops what was spawned."""
+    assert config.model_path and config.device != "auto", "resolve_config(config) first"
+    if scheduler_target is None:
+        from scheduler.process import run_scheduler_process
+
+        scheduler_target = run_scheduler_process
+    from detokenizer.manager import run_detokenizer_process
+    from runtime.tp_worker import rank_name, run_tp_rank_process
+
+    ctx = mp.get_context("spawn")
+    runtime = Runtime(config, IpcDir())
+    path = runtime.ipc_path
+    try:
+        runtime.add(_spawn(ctx, "scheduler", scheduler_target, config, path))
+        # Tensor-parallel ranks 1..: no sockets; they follow the scheduler (rank 0).
+        for r in range(1, config.tp_size):
+            runtime.add(_spawn(ctx, rank_name(r), run_tp_rank_process, config, path, r, has_socket=False))
+        tokenizer_class = _tokenizer_class_ref(config)
+        runtime.add(_spawn(ctx, "detokenizer", run_detokenizer_process, config, path, tokenizer_class))
+    except BaseException:
+        runtime.shutdown(graceful=False)
+        raise
     return runtime
+
+
+def _tokenizer_class_ref(config: ServerConfig) -> str | None:
+    """The detokenizer's tokenizer class, or None to let it decide itself. NOTE: only a shortcut:
+    any failure here is left for the detokenizer to meet and report as its own crash."""
+    from runtime.tokenizer_load import class_ref, tokenizer_source
+
+    try:
+        return class_ref(tokenizer_source(config))
+    except Exception:
+        logger.debug("the tokenizer class is left to the detokenizer", exc_info=True)
+        return None
 
 
 def _spawn(
@@ -178,9 +232,9 @@ def _spawn(
     return _Child(name, process, recv_end, has_socket)
 
 
-def _await_ready(children: list[_Child]) -> dict[str, dict[str, Any]]:
-    """Wait for every ChildReady; fail fast on a death, a crash report or a timeout."""
-    start = time.monotonic()
+def _await_ready(children: list[_Child], start: float) -> dict[str, dict[str, Any]]:
+    """Wait for every ChildReady; fail fast on a death, a crash report or a timeout (each child's
+    READY_TIMEOUT_S counts from `start`, its spawn)."""
     deadlines = {c.name: start + READY_TIMEOUT_S.get(c.name, 300.0) for c in children}
     infos: dict[str, dict[str, Any]] = {}
     while len(infos) < len(children):

@@ -88,10 +88,9 @@ def build_scheduler(config: ServerConfig, io: Any, ipc_path: str | None = None) 
     With tp_size > 1 this is rank 0: it joins the group through `ipc_path`'s rendezvous file,
     loads its part of the model, and leads the other ranks' forwards from the warm-up on.
     """
-    from transformers import AutoTokenizer
-
     from runtime.model_runner import ModelRunner
     from runtime.model_setup import load_model_for_serving
+    from runtime.tokenizer_load import load_tokenizer, tokenizer_source
     from scheduler.grammar import GrammarBackend
     from scheduler.grammar_queue import GrammarQueue
     from scheduler.overlap import OverlapScheduler
@@ -104,7 +103,7 @@ def build_scheduler(config: ServerConfig, io: Any, ipc_path: str | None = None) 
         loaded = load_rank(config, ipc_path, 0)
     else:
         loaded = load_model_for_serving(config)
-    tokenizer = AutoTokenizer.from_pretrained(config.tokenizer_path or config.model_path)
+    tokenizer = load_tokenizer(tokenizer_source(config))
     eos = eos_token_ids(config.model_path or "", tokenizer, loaded.model_config.eos_token_ids)
 
     def decode(ids: list[int], skip_special_tokens: bool) -> str:
@@ -152,6 +151,9 @@ def run_scheduler_process(config: ServerConfig, ipc_path: str, ready_conn: Conne
         io.close()
         _exit_now(1)
     io.close()
+    # Sockets closed (ZMQ has flushed what was sent): the interpreter's own teardown of torch and
+    # its threads takes ~2 s and holds nothing we need, so skip it as the crash path does.
+    _exit_now(0)
 
 
 def _report_crash(io: SocketIO, tb: str) -> None:
@@ -166,9 +168,10 @@ def _report_crash(io: SocketIO, tb: str) -> None:
 
 
 def _exit_now(code: int) -> None:
-    """Exit at once, the crash reported. NOTE: a normal interpreter exit can block on what the
-    failure left behind (a torch.distributed group whose peer was killed mid-collective, the
-    tensor-parallel channel's sockets), and a rank must not outlive its peer."""
+    """Exit at once, after a clean stop or with the crash reported. NOTE: a normal interpreter
+    exit can block on what a failure left behind (a torch.distributed group whose peer was
+    killed mid-collective, the tensor-parallel channel's sockets), and a rank must not outlive
+    its peer."""
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -2,8 +2,9 @@
 
 1. Resolve the config and bind the HTTP port first (a busy port fails at once, and /health
    answers 503 "starting" while the model loads).
-2. Launch the scheduler and detokenizer (in a worker thread: it blocks), create the
-   TokenizerManager on this loop (uvloop), log one startup line, serve.
+2. Launch the scheduler and detokenizer (in a worker thread: it blocks), loading this process's
+   tokenizer while they load; create the TokenizerManager on this loop (uvloop), log one
+   startup line, serve.
 3. SIGTERM/SIGINT: drain (new generations get 503, in-flight ones get up to --drain-timeout s;
    a second signal stops at once), then stop the runtime (its IPC directory is removed): exit 0.
    A child that dies: every in-flight request fails (503 / a stream error event), /health turns
@@ -13,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import signal
 from collections.abc import Callable
@@ -21,7 +23,7 @@ from aiohttp import web
 
 from runtime.config import ServerConfig
 from runtime.errors import InvalidRequest
-from runtime.launch import LaunchError, Runtime, launch_runtime
+from runtime.launch import LaunchError, Runtime, launch_runtime_with
 from runtime.procutil import configure_logging
 from tokenizer.server_state import Phase, ServerState
 
@@ -102,26 +104,28 @@ class ServerProcess:
     # ------------------------------------------------------------ start
 
     async def _start_runtime(self) -> bool:
+        from runtime.tokenizer_load import load_tokenizer, tokenizer_source
+        from tokenizer.manager import TokenizerManager
+
         loop = asyncio.get_running_loop()
+        load = functools.partial(load_tokenizer, tokenizer_source(self.config))
         try:
-            self.runtime = await loop.run_in_executor(None, launch_runtime, self.config)
+            # NOTE: in a worker thread: launching blocks (this tokenizer loads while the children
+            # do), and /health must keep answering meanwhile.
+            runtime, tokenizer = await loop.run_in_executor(None, launch_runtime_with, self.config, load)
         except LaunchError as exc:
             logger.error("the runtime failed to start: %s", exc)
             self.exit_code = 1
             return False
+        self.runtime = runtime
         if self._stop.is_set():
             return False  # stopped while loading
-        from tokenizer.manager import TokenizerManager
-
-        # NOTE: built in a worker thread: loading the tokenizer takes seconds, and /health must
-        # keep answering meanwhile; its zmq asyncio socket binds to a loop only on first use.
-        tm = await loop.run_in_executor(None, TokenizerManager, self.config,
-                                        self.runtime.ipc_path, self.runtime.scheduler_info)
+        tm = TokenizerManager(self.config, runtime.ipc_path, runtime.scheduler_info, tokenizer)
         tm.on_dead = self._on_dead
         await tm.start()
-        self.runtime.watch(tm.fail_all_threadsafe)
+        runtime.watch(tm.fail_all_threadsafe)
         self.server.attach(tm)
-        self._log_ready(self.runtime.scheduler_info)
+        self._log_ready(runtime.scheduler_info)
         return True
 
     def _log_ready(self, info: dict[str, object]) -> None:

@@ -51,10 +51,13 @@ class TokenizerManager:
 
     Args:
         scheduler_info: the scheduler's ChildReady info (vocab_size, context_length, ...).
+        tokenizer: the served model's tokenizer when the caller has loaded it already.
     """
 
-    def __init__(self, config: ServerConfig, ipc_path: str, scheduler_info: dict[str, Any]) -> None:
-        from transformers import AutoTokenizer
+    def __init__(
+        self, config: ServerConfig, ipc_path: str, scheduler_info: dict[str, Any], tokenizer: Any = None
+    ) -> None:
+        from runtime.tokenizer_load import load_tokenizer, tokenizer_source
 
         self.config = config
         self.scheduler_info = scheduler_info
@@ -65,7 +68,8 @@ class TokenizerManager:
             kv_total=scheduler_info.get("max_total_tokens"), max_n=config.max_n,
             max_top_logprobs=config.max_top_logprobs,
         )
-        self.tokenizer = AutoTokenizer.from_pretrained(config.tokenizer_path or config.model_path)
+        # NOTE: the launcher loads it while the children start (`runtime.launch.launch_runtime_with`).
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(tokenizer_source(config))
         ipc = IpcDir(ipc_path)
         self._ctx = new_context()
         self._to_scheduler = PushSocket(self._ctx, ipc.endpoint("scheduler"), linger_ms=500)
