@@ -27,17 +27,22 @@ CHAT_END = "<|im_end|>"  # the ChatML assistant suffix the frontend appends afte
 
 
 @pytest.fixture(scope="module")
-def unconstrained(frontend_python: str, frontend_server: RunningServer,
-                  tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    out = tmp_path_factory.mktemp("frontend") / "unconstrained.json"
-    return run_programs(frontend_python, frontend_server, "unconstrained", out)
+def programs(frontend_python: str, frontend_server: RunningServer,
+             tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Both parts in one run of programs.py, one after the other as two runs would (one frontend
+    start instead of two); each test reads only its own part's sections."""
+    out = tmp_path_factory.mktemp("frontend") / "programs.json"
+    return run_programs(frontend_python, frontend_server, "all", out)
 
 
 @pytest.fixture(scope="module")
-def constrained(frontend_python: str, frontend_server: RunningServer,
-                tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    out = tmp_path_factory.mktemp("frontend") / "constrained.json"
-    return run_programs(frontend_python, frontend_server, "constrained", out)
+def unconstrained(programs: dict[str, Any]) -> dict[str, Any]:
+    return programs
+
+
+@pytest.fixture(scope="module")
+def constrained(programs: dict[str, Any]) -> dict[str, Any]:
+    return programs
 
 
 class Problems:

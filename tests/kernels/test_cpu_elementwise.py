@@ -92,19 +92,23 @@ def test_rotary_on_strided_rows(kernels, dtype: torch.dtype) -> None:
 
 @pytest.mark.parametrize("dtype,tol", [("float32", 1e-5), ("bfloat16", 2e-2)])
 def test_model_with_kernels_matches_without(default_model_path: str, dtype: str, tol: float) -> None:
+    """One loaded model, run with its kernels and then with them switched off (a model load
+    costs more than the forwards; the weights are the same either way)."""
     from runtime.static_batch import StaticBatch
 
     prompt = list(range(200, 260))
-    engines = [StaticBatch.create(default_model_path, dtype=dtype, max_total_tokens=512, max_running_requests=2)
-               for _ in range(2)]
-    engines[1].runner.model.use_cpu_kernels(None)
-    engines[1].runner.backend.decoder.kernels = None
+    engine = StaticBatch.create(default_model_path, dtype=dtype, max_total_tokens=512, max_running_requests=2)
+    assert engine.runner.backend.decoder.kernels is not None  # the first run goes through them
     logits = []
-    for engine in engines:
+    for with_kernels in (True, False):
+        if not with_kernels:
+            engine.runner.model.use_cpu_kernels(None)
+            engine.runner.backend.decoder.kernels = None
         seq = engine.new_seq(prompt)
         for token in (300, 301, 302, 303):  # the same tokens for both: prefill, then decode steps
             result = engine.step([seq], keep_logits=True)
             seq.tokens.append(token)
         logits.append(result.last_logits[0])
+        engine.release([seq])
     err = ((logits[0] - logits[1]).norm() / logits[1].norm()).item()
     assert err <= tol, err

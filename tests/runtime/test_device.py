@@ -161,16 +161,16 @@ def test_avx2_branch_runs_in_emulation():
     disassembly = subprocess.run(["objdump", "-d", str(module)], capture_output=True, text=True)
     if disassembly.returncode == 0:  # binutils is there on our machines; the check is a bonus elsewhere
         assert "zmm" not in disassembly.stdout, "the AVX2 build holds AVX-512 instructions"
+    # One interpreter (torch imports once): the probe's line first, then the tests in pytest.
+    args = ["-q", "-p", "no:cacheprovider", *AVX2_TESTS, "-k", "not avx2_branch_runs"]
     probe = ("from runtime.device import cpu_capability as c; from runtime.cpu_kernels import load_cpu_kernels as k;"
-             "print(c().native_bf16, c().isa, k() is not None)")
-    out = subprocess.run([sys.executable, "-c", probe], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert out.stdout.split() == ["False", "avx2", "True"], out.stderr
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *AVX2_TESTS, "-k", "not avx2_branch_runs"],
-        env=env, cwd=ROOT, capture_output=True, text=True, timeout=540,
-    )
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
-    assert " passed" in run.stdout and "skipped" not in run.stdout
+             "print(c().native_bf16, c().isa, k() is not None, flush=True);"
+             f"import sys, pytest; sys.exit(pytest.main({args!r}))")
+    run = subprocess.run([sys.executable, "-c", probe], env=env, cwd=ROOT, capture_output=True, text=True, timeout=540)
+    probed, _, tests = run.stdout.partition("\n")
+    assert probed.split() == ["False", "avx2", "True"], run.stdout[-2000:] + run.stderr[-2000:]
+    assert run.returncode == 0, tests[-4000:] + run.stderr[-2000:]
+    assert " passed" in tests and "skipped" not in tests
 
 
 def test_threads_are_shared_out_among_cpu_ranks() -> None:

@@ -2,6 +2,11 @@
 
 Greedy outputs must equal Hugging Face's for every scheduling configuration; the memory
 invariant must hold once the engine goes idle.
+
+An engine costs seconds to start, so tests whose configurations do not conflict share one: the
+engine without the radix cache matches HF and is then killed (the killed-scheduler test); the
+tiny-pool engine (`TestTinyPool`) prefills in chunks of 32, so it serves both the chunked-prefill
+HF check and the pool-pressure test. HF's answers are computed once per run (tests/runtime/conftest.py).
 """
 
 from __future__ import annotations
@@ -13,48 +18,25 @@ import time
 from collections.abc import Iterator
 
 import pytest
-import torch
-import transformers
 
 from runtime import Engine
 from runtime.errors import RuntimeCrashed
 from tests.engine_checks import assert_idle_and_sound
+from tests.runtime import chat_reference
 
 pytestmark = pytest.mark.slow
 
-QUESTIONS = [
-    "What is the capital of France?",
-    "Write a haiku about the sea.",
-    "List three prime numbers.",
-    "Explain what a radix tree is in one sentence.",
-    "What is 2 + 2?",
-    "Name a famous painter.",
-    "Translate 'good morning' into Spanish.",
-    "Give me a synonym for happy.",
-]
 NEW_TOKENS = 24
 GREEDY = {"temperature": 0, "max_new_tokens": NEW_TOKENS}
+TINY_POOL = 400  # KV tokens: a fraction of what the tiny-pool workload needs at once
+CHUNK = 32  # prompt tokens per prefill chunk in the tiny-pool engine: every chat prompt is chunked
 
 
 @pytest.fixture(scope="module")
-def chat_ids(default_model_path: str) -> list[list[int]]:
-    tok = transformers.AutoTokenizer.from_pretrained(default_model_path)
-    texts = [
-        tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
-        for q in QUESTIONS
-    ]
-    return [tok(t)["input_ids"] for t in texts]
-
-
-@pytest.fixture(scope="module")
-def hf_reference(default_model_path: str, chat_ids: list[list[int]]) -> list[list[int]]:
-    hf = transformers.AutoModelForCausalLM.from_pretrained(default_model_path, dtype=torch.float32).eval()
-    outs = []
-    with torch.no_grad():
-        for ids in chat_ids:
-            out = hf.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=2)
-            outs.append(out[0, len(ids) :].tolist())
-    return outs
+def hf_reference(hf_greedy: list[list[int]]) -> list[list[int]]:
+    """HF's greedy answers cut to NEW_TOKENS (the run's shared reference is longer)."""
+    assert chat_reference.HF_NEW_TOKENS >= NEW_TOKENS
+    return [answer[:NEW_TOKENS] for answer in hf_greedy]
 
 
 def _engine(**overrides: object) -> Iterator[Engine]:
@@ -75,22 +57,20 @@ def _ids(results: list[dict]) -> list[list[int]]:
     return [r["output_ids"] for r in results]
 
 
+def _assert_matches_hf(results: list[list[int]], hf_reference: list[list[int]]) -> None:
+    assert len(results) == len(hf_reference)
+    for i, (got, expected) in enumerate(zip(results, hf_reference)):
+        # HF stops at EOS; compare the part it produced.
+        assert got[: len(expected)] == expected, chat_reference.QUESTIONS[i]
+
+
 def test_greedy_alone_and_batched_match_hf(engine: Engine, chat_ids, hf_reference) -> None:
     alone = [engine.generate(input_ids=ids, sampling_params=GREEDY)["output_ids"] for ids in chat_ids]
     batched = _ids(engine.generate(input_ids=chat_ids * 2, sampling_params=GREEDY))  # 16 at a time
-    for i, expected in enumerate(hf_reference):
-        assert alone[i][: len(expected)] == expected, QUESTIONS[i]
+    _assert_matches_hf(alone, hf_reference)
+    for i in range(len(chat_ids)):
         assert batched[i] == alone[i] and batched[i + len(chat_ids)] == alone[i]
     assert_idle_and_sound(engine)
-
-
-@pytest.mark.parametrize("overrides", [{"disable_radix_cache": True}, {"chunked_prefill_size": 32}])
-def test_greedy_matches_hf_under_other_configs(overrides, chat_ids, hf_reference) -> None:
-    for other in _engine(**overrides):
-        results = _ids(other.generate(input_ids=chat_ids, sampling_params=GREEDY))
-        for got, expected in zip(results, hf_reference):
-            assert got[: len(expected)] == expected
-        assert_idle_and_sound(other)
 
 
 def test_repeated_and_shared_prefix_hit_the_cache(engine: Engine) -> None:
@@ -117,12 +97,36 @@ def test_64_concurrent_requests_finish(engine: Engine) -> None:
     assert_idle_and_sound(engine)
 
 
-def test_tiny_pool_still_finishes_everything(chat_ids) -> None:
-    for small in _engine(max_total_tokens=400, chunked_prefill_size=64):
+class TestTinyPool:
+    """One engine with a KV pool of TINY_POOL tokens that prefills in chunks of CHUNK (radix cache
+    on), for two tests. Class-scoped, so it is gone before the engines of the later tests start.
+    Each test leaves it idle and sound (which it asserts), so their order does not matter."""
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def tiny_engine(cls) -> Iterator[Engine]:
+        yield from _engine(max_total_tokens=TINY_POOL, chunked_prefill_size=CHUNK)
+
+    def test_greedy_matches_hf_with_chunked_prefill(self, tiny_engine: Engine, chat_ids, hf_reference) -> None:
+        """Middle chunks are published to the radix cache. The prompts go four at a time: four
+        whole answers fit the pool, so no request is retracted (asserted) and the chunked
+        prefill alone stands between these answers and HF's."""
+        half = len(chat_ids) // 2
+        assert all(len(ids) > CHUNK for ids in chat_ids)  # every prompt needs more than one chunk
+        assert half * max(len(ids) + NEW_TOKENS for ids in chat_ids) <= TINY_POOL
+        retractions = tiny_engine.get_state()["retractions"]
+        results = []
+        for part in (chat_ids[:half], chat_ids[half:]):
+            results += _ids(tiny_engine.generate(input_ids=part, sampling_params=GREEDY))
+        _assert_matches_hf(results, hf_reference)
+        assert_idle_and_sound(tiny_engine)
+        assert tiny_engine.get_state()["retractions"] == retractions
+
+    def test_tiny_pool_still_finishes_everything(self, tiny_engine: Engine) -> None:
         params = {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True}
-        results = small.generate(_mixed_prompts(24), params)
+        results = tiny_engine.generate(_mixed_prompts(24), params)
         assert all(r["meta_info"]["finish_reason"]["type"] == "length" for r in results)
-        assert_idle_and_sound(small)
+        assert_idle_and_sound(tiny_engine)
 
 
 def _wait_running(engine: Engine, count: int, timeout_s: float = 120.0) -> None:
@@ -133,8 +137,13 @@ def _wait_running(engine: Engine, count: int, timeout_s: float = 120.0) -> None:
         time.sleep(0.02)
 
 
-def test_killed_scheduler_fails_pending_calls() -> None:
-    for doomed in _engine():
+def test_greedy_matches_hf_without_radix_cache_then_a_killed_scheduler_fails_calls(chat_ids, hf_reference) -> None:
+    """One engine for two checks (the kill ends it): without the radix cache the greedy answers
+    are HF's; then SIGKILL to the scheduler fails the call in flight and every later call."""
+    for doomed in _engine(disable_radix_cache=True):
+        _assert_matches_hf(_ids(doomed.generate(input_ids=chat_ids, sampling_params=GREEDY)), hf_reference)
+        assert_idle_and_sound(doomed)
+
         errors: list[BaseException] = []
 
         def call() -> None:
@@ -161,8 +170,7 @@ def test_two_tensor_parallel_ranks_match_hf_then_die_together(chat_ids, hf_refer
     for tp in _engine(tp_size=2):
         assert tp._runtime.processes.keys() == {"scheduler", "detokenizer", "tp-rank-1"}
         batched = _ids(tp.generate(input_ids=chat_ids, sampling_params=GREEDY))
-        for got, expected in zip(batched, hf_reference):
-            assert got[: len(expected)] == expected
+        _assert_matches_hf(batched, hf_reference)
         alone = tp.generate(input_ids=chat_ids[0], sampling_params=GREEDY)["output_ids"]
         assert alone == batched[0]
         assert_idle_and_sound(tp)

@@ -1,7 +1,8 @@
 """Our paged-KV model runner against Hugging Face transformers on the same weights.
 
 Tiny random-weight Llama (GQA), Qwen2 and Qwen3 checkpoints are written by the tests; the real
-default model (SmolLM2-135M-Instruct) runs greedy generation for 4 chat prompts in one batch.
+default model (SmolLM2-135M-Instruct) runs greedy generation for 4 chat prompts in one batch
+(HF's answers to them are computed once per run, in tests/runtime/conftest.py).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import torch
 import transformers
 
 from runtime.static_batch import StaticBatch
+from tests.runtime import chat_reference
 
 PROMPT_LENS = [5, 17, 9, 30]
 DECODE_STEPS = 8
@@ -110,32 +112,19 @@ def test_mixed_batch_of_prefill_and_decode(tiny_checkpoint) -> None:
         assert rel_err(result.last_logits[i], _hf_last_logits(hf, s.tokens)) <= 1e-4
 
 
-CHAT_PROMPTS = [
-    "What is the capital of France?",
-    "Write a haiku about the sea.",
-    "List three prime numbers.",
-    "Explain what a radix tree is in one sentence.",
-]
+CHAT_PROMPTS = 4  # the first four of chat_reference.QUESTIONS
+NEW_TOKENS = 32
 
 
 @pytest.mark.slow
-def test_default_model_greedy_matches_hf(default_model_path: str) -> None:
-    tok = transformers.AutoTokenizer.from_pretrained(default_model_path)
-    prompts = [
-        tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
-        for p in CHAT_PROMPTS
-    ]
-    ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
+def test_default_model_greedy_matches_hf(default_model_path: str, default_tokenizer, chat_ids, hf_greedy) -> None:
+    """HF's answers come from the run's shared reference (tests/runtime/conftest.py)."""
+    assert chat_reference.HF_NEW_TOKENS == NEW_TOKENS
+    ids = chat_ids[:CHAT_PROMPTS]
     h = StaticBatch.create(default_model_path, dtype="float32", max_total_tokens=4096, max_running_requests=8)
-    ours = h.generate_greedy(ids, 32)
-
-    hf = transformers.AutoModelForCausalLM.from_pretrained(default_model_path, dtype=torch.float32).eval()
-    for i, prompt_ids in enumerate(ids):
-        with torch.no_grad():
-            out = hf.generate(
-                torch.tensor([prompt_ids]), max_new_tokens=32, do_sample=False, pad_token_id=tok.eos_token_id
-            )
-        expected = out[0, len(prompt_ids) :].tolist()
+    ours = h.generate_greedy(ids, NEW_TOKENS)
+    for i, expected in enumerate(hf_greedy[:CHAT_PROMPTS]):
         # HF stops at EOS; we decode a fixed 32 tokens, so compare the part HF produced.
-        assert ours[i][: len(expected)] == expected, (CHAT_PROMPTS[i], tok.decode(ours[i]), tok.decode(expected))
-    assert "Paris" in tok.decode(ours[0])
+        assert ours[i][: len(expected)] == expected, (
+            chat_reference.QUESTIONS[i], default_tokenizer.decode(ours[i]), default_tokenizer.decode(expected))
+    assert "Paris" in default_tokenizer.decode(ours[0])

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 import transformers
 
-from tests.scheduler.harness import VOCAB
+from tests.scheduler.harness import VOCAB, clear_load_caches
 
 
 @pytest.fixture(scope="session")
@@ -20,3 +22,10 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory, default_model_path: str
     transformers.LlamaForCausalLM(cfg).save_pretrained(path)
     transformers.AutoTokenizer.from_pretrained(default_model_path).save_pretrained(path)
     return str(path)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _release_reused_loads() -> Iterator[None]:
+    """`harness.make` reuses loaded models within a module; free them when the module is done."""
+    yield
+    clear_load_caches()

@@ -1,11 +1,16 @@
 """Scheduling never changes a greedy token: the default model in fp32 under every combination of
 overlap on/off, radix cache on/off, chunked prefill 32/none and page size 1/16 (with mixed
 prefill+decode batches, the CPU default, and a few without), plus pools small enough to force
-eviction and retraction. The memory invariant holds after each run, idle."""
+eviction and retraction. The memory invariant holds after each run, idle.
+
+By default the configuration test runs `PAIRWISE`, six rows of `GRID` that hold every pair of
+option values the whole grid holds (and the all-on row, and all three chunked rows without mixed
+batches); `RADIXSERVE_FULL_TESTS=1` runs every row of `GRID`."""
 
 from __future__ import annotations
 
 import itertools
+import os
 import random
 
 import pytest
@@ -55,13 +60,35 @@ def baseline(default_model_path: str) -> dict:
 
 
 BASELINE = (False, False, -1, 1, False)  # overlap off, radix off, no chunking, page 1, not mixed
+Config = tuple[bool, bool, int, int, bool]  # overlap, radix, chunk, page, mixed
 # Every combination with mixed batches, and the chunked ones without: never the baseline itself.
-GRID = [(*c, True) for c in itertools.product([False, True], [False, True], [32, -1], [1, 16])]
+GRID: list[Config] = [(*c, True) for c in itertools.product([False, True], [False, True], [32, -1], [1, 16])]
 GRID += [(True, True, 32, 1, False), (False, True, 32, 16, False), (True, False, 32, 16, False)]
+# A smallest subset of GRID (6 rows; a search finds no 5-row one) that has the all-on row and
+# holds every pair of option values GRID holds (test_pairwise_rows_cover_every_pair_of_the_grid):
+# a scheduling bug that needs two options set a certain way still meets one of these rows.
+PAIRWISE: list[Config] = [
+    (True, True, 32, 16, True),  # all on
+    (False, False, -1, 1, True),  # the baseline but mixed
+    (True, True, -1, 16, True),
+    (True, True, 32, 1, False),
+    (False, True, 32, 16, False),
+    (True, False, 32, 16, False),
+]
+FULL = os.environ.get("RADIXSERVE_FULL_TESTS") == "1"
+CONFIGS = GRID if FULL else PAIRWISE
 
 
-@pytest.mark.parametrize("overlap,radix,chunk,page,mixed", GRID,
-                         ids=[f"ov{o}-rx{r}-ch{c}-pg{p}-mx{m}" for o, r, c, p, m in GRID])
+def option_pairs(rows: list[Config]) -> set[tuple[int, object, int, object]]:
+    return {(i, row[i], j, row[j]) for row in rows for i in range(5) for j in range(i + 1, 5)}
+
+
+def test_pairwise_rows_cover_every_pair_of_the_grid() -> None:
+    assert set(PAIRWISE) <= set(GRID) and option_pairs(PAIRWISE) == option_pairs(GRID)
+
+
+@pytest.mark.parametrize("overlap,radix,chunk,page,mixed", CONFIGS,
+                         ids=[f"ov{o}-rx{r}-ch{c}-pg{p}-mx{m}" for o, r, c, p, m in CONFIGS])
 def test_same_tokens_every_configuration(default_model_path, baseline, overlap, radix, chunk, page, mixed) -> None:
     results, sched = run(default_model_path, disable_overlap_schedule=not overlap, disable_radix_cache=not radix,
                          chunked_prefill_size=chunk, page_size=page, enable_mixed_chunk=mixed, dtype="float32")
@@ -71,12 +98,17 @@ def test_same_tokens_every_configuration(default_model_path, baseline, overlap, 
     assert any(finish["type"] == "stop" and isinstance(finish["matched"], str) for _, finish in results.values())
 
 
+@pytest.fixture(scope="module")
+def long_expected(default_model_path: str) -> dict:
+    """`long_outputs` in a pool large enough for all of them at once: no retraction."""
+    return run(default_model_path, long_outputs, disable_overlap_schedule=True)[0]
+
+
 @pytest.mark.parametrize("overlap,page", [(False, 1), (True, 1), (True, 16)])
-def test_same_tokens_with_eviction_and_retraction(default_model_path, overlap, page) -> None:
-    expected, _ = run(default_model_path, long_outputs, disable_overlap_schedule=True)
+def test_same_tokens_with_eviction_and_retraction(default_model_path, long_expected, overlap, page) -> None:
     results, sched = run(default_model_path, long_outputs, disable_overlap_schedule=not overlap,
                          chunked_prefill_size=32, page_size=page, max_total_tokens=480, optimistic=True)
-    assert results == expected
+    assert results == long_expected
     assert sched.retractions > 0
     assert sched.cache.evicted_tokens > 0  # the pool was small enough to evict cached prefixes
     assert sched.mixed_steps > 0  # re-admitted requests prefilled beside running decodes
@@ -137,9 +169,8 @@ def test_same_tokens_with_ngram_speculation(default_model_path, baseline, repeti
         assert sched.speculator.accepted > 0
 
 
-def test_same_tokens_with_speculation_under_retraction(default_model_path) -> None:
-    expected, _ = run(default_model_path, long_outputs, disable_overlap_schedule=True)
+def test_same_tokens_with_speculation_under_retraction(default_model_path, long_expected) -> None:
     results, sched = run(default_model_path, long_outputs, chunked_prefill_size=32, max_total_tokens=320,
                          optimistic=True, speculative_algorithm="ngram", speculative_num_draft_tokens=6,
                          speculative_disable_by_batch_size=64)
-    assert results == expected and sched.retractions > 0 and sched.speculator.accepted > 0
+    assert results == long_expected and sched.retractions > 0 and sched.speculator.accepted > 0

@@ -163,8 +163,8 @@ def test_validate_async(checker: GrammarChecker) -> None:
 
 def test_slow_grammar_times_out_and_worker_recovers() -> None:
     """A build that outlasts the timeout (delay injected, so no CPU is fast enough to pass it):
-    the worker is killed at the timeout, the timeout is not cached, and the next check runs on a
-    fresh worker."""
+    the worker is killed at the timeout, the next check runs on a fresh worker, and the timeout
+    is not cached. (Each worker start costs seconds: the order below needs two, not three.)"""
     slow = json.dumps({"type": "string", "description": SLOW_MARKER})
     checker = GrammarChecker(timeout_s=0.3, build=slow_build)
     try:
@@ -174,12 +174,13 @@ def test_slow_grammar_times_out_and_worker_recovers() -> None:
         assert info.value.param == "json_schema"
         first_worker = checker._worker.proc
         assert first_worker is None  # killed at the timeout, not left building
-        with pytest.raises(InvalidRequest, match="took longer"):  # not cached: it timed out again
-            checker.validate(GrammarSpec("json", slow))
-        assert checker._worker.proc is None and GrammarSpec("json", slow) not in checker._verdicts
         checker.timeout_s = 30.0  # the restart is not charged to the check, but be generous
         checker.validate(GrammarSpec("regex", r"\d+"))
         assert checker._worker.proc is not None and checker._worker.proc.is_alive()
+        checker.timeout_s = 0.3
+        with pytest.raises(InvalidRequest, match="took longer"):  # not cached: it timed out again
+            checker.validate(GrammarSpec("json", slow))
+        assert checker._worker.proc is None and GrammarSpec("json", slow) not in checker._verdicts
     finally:
         checker.close()
 

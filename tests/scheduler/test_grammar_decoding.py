@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any
 
 import pytest
 import transformers
 
-from tests.scheduler.harness import make, run_until_idle, submit
+from tests.scheduler.harness import FakeIO, make, run_until_idle, submit
 
 pytestmark = pytest.mark.slow
 
@@ -36,9 +37,17 @@ def _prompt(tok, text: str) -> list[int]:
     return tok(chat)["input_ids"]
 
 
+@pytest.fixture(scope="module")
+def plain(default_model_path: str) -> tuple[Any, FakeIO]:
+    """The scheduler without overlap, shared by the tests that need no other setting: each
+    scheduler starts its own grammar compile helper, which takes seconds. Every test leaves it
+    idle (`run_until_idle` checks)."""
+    return make(default_model_path, dtype="bfloat16")
+
+
 @pytest.mark.parametrize("overlap", [False, True])
-def test_constrained_outputs_parse_and_match(default_model_path: str, tok, overlap: bool) -> None:
-    sched, io = make(default_model_path, dtype="bfloat16", disable_overlap_schedule=not overlap)
+def test_constrained_outputs_parse_and_match(default_model_path: str, tok, plain, overlap: bool) -> None:
+    sched, io = make(default_model_path, dtype="bfloat16", disable_overlap_schedule=False) if overlap else plain
     jobs = {
         "json": ("Describe a person as JSON.", {"json_schema": json.dumps(SCHEMA), "max_new_tokens": 160}),
         "digits": ("Pick a number.", {"regex": r"\d{3}", "max_new_tokens": 8}),
@@ -66,8 +75,8 @@ def test_constrained_outputs_parse_and_match(default_model_path: str, tok, overl
     assert results["digits"]["finish"]["type"] == "stop"
 
 
-def test_bad_grammar_fails_only_its_request(default_model_path: str, tok) -> None:
-    sched, io = make(default_model_path, dtype="bfloat16")
+def test_bad_grammar_fails_only_its_request(tok, plain) -> None:
+    sched, io = plain
     submit(io, "bad", _prompt(tok, "x"), regex="[.*", max_new_tokens=4)
     submit(io, "good", _prompt(tok, "Say hi."), max_new_tokens=4)
     results = run_until_idle(sched, io)

@@ -10,11 +10,15 @@ a random moment), 5% are invalid (they must get a 400: among them a request's ow
 `apply_chat_template` parameters and tool-call arguments nested 50k deep or holding a lone
 surrogate), 3% come from a foreign web page (a 403), 5% reuse the client's own rid right after
 leaving a stream with it (served, or a 400 naming `rid` while the old one is still live), and a
-few carry a grammar or a short deadline.
+few carry a grammar or a short deadline. The first requests of clients 0-2 are a foreign page's,
+a rid reuse and an invalid one, so that each kind the end checks count is sent even when a loaded
+machine lets little traffic through.
 The server is small on purpose (8 running, 2 queued, for 12 clients) so admission control refuses
-some with 503. At the end: no 5xx other than those 503s, no client-side timeout (a request the
-server never finished is a failure, never a "cancel"), every valid request answered (or refused
-with 503) or cancelled by its client, the scheduler idle with its integrity check passing, every
+some with 503 (the run's `small_server`, tests/conftest.py, shared with test_structured_outputs and
+test_http_server).
+At the end: no 5xx other than those 503s, no client-side timeout (a request the server never
+finished is a failure, never a "cancel"), every valid request answered (or refused with 503) or
+cancelled by its client, the scheduler idle with its integrity check passing, every
 request row free, the KV pool all free or evictable, the main process holding no request (its
 maps, the detokenizer's decode states and the metrics' per-request map all empty, and a batch of
 max-running + max-queued prompts admitted), and the server's memory grown by less than
@@ -31,7 +35,6 @@ import os
 import random
 import time
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
@@ -68,14 +71,14 @@ RAW_INVALID = [  # raw bytes: each must be a 400
     TOOL_TURN.replace("ARGS", r'{\"x\": \"\\ud800\"}').encode(),  # arguments {"x": "\ud800"}: a lone surrogate
 ]
 FOREIGN = {"Origin": "http://evil.example"}
+# The rolls `_one` maps to a foreign page, a rid reuse and an invalid request: the first requests
+# of clients 0-2 (see the module docstring).
+FIRST_ROLLS = (0.0, 0.05, 0.10)
 
 
 @pytest.fixture(scope="module")
-def server(default_model_path: str) -> Iterator[RunningServer]:
-    running = RunningServer.start(default_model_path, "--max-running-requests", "8", "--max-queued-requests", "2",
-                                  "--chunked-prefill-size", "128", "--drain-timeout", "2")
-    yield running
-    running.stop()
+def server(small_server: RunningServer) -> RunningServer:
+    return small_server
 
 
 def tree_rss(pid: int) -> int:
@@ -153,8 +156,10 @@ def _outcome(path: str, stream: bool, text: str) -> str:
     return "answered" if done else "unfinished_stream"
 
 
-async def _one(session: aiohttp.ClientSession, url: str, rng: random.Random, tally: Counter, rid: str) -> None:
-    roll = rng.random()
+async def _one(session: aiohttp.ClientSession, url: str, rng: random.Random, tally: Counter, rid: str,
+               first: float | None = None) -> None:
+    """One request (two for a rid reuse) of the mix; `first`, if given, is the roll that picks its kind."""
+    roll = rng.random() if first is None else first
     if roll < 0.03:
         return await _foreign_page(session, url, rng, tally)
     if roll < 0.08:
@@ -271,10 +276,12 @@ async def _soak(url: str, seconds: float) -> Counter:
     async def client(seed: int) -> None:
         rng = random.Random(seed)
         timeout = aiohttp.ClientTimeout(total=120)
+        first = FIRST_ROLLS[seed] if seed < len(FIRST_ROLLS) else None
         async with aiohttp.ClientSession(timeout=timeout) as session:
             while time.monotonic() < end:
-                await _one(session, url, rng, tally, f"soak-client-{seed}")
+                await _one(session, url, rng, tally, f"soak-client-{seed}", first)
                 tally["sent"] += 1
+                first = None
 
     await asyncio.gather(*(client(i) for i in range(CONCURRENCY)))
     return tally

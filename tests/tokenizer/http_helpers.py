@@ -27,6 +27,16 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 START_TIMEOUT_S = 180.0
 BASE_ARGS = ("--dtype", "float32", "--max-total-tokens", "8192", "--num-threads", "1",
              "--context-length", "2048")
+# The flags of the run's shared servers beyond BASE_ARGS (tests/conftest.py says who uses which).
+API_KEY = "test-key-123"  # key_server reads it from a file (--api-key-file)
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+KEY_SERVER_BODY_LIMIT = 65536  # bytes
+KEY_SERVER_ARGS = ("--max-request-bytes", str(KEY_SERVER_BODY_LIMIT), "--max-running-requests", "2",
+                   "--max-queued-requests", "1", "--max-prompts-per-request", "4")
+SMALL_SERVER_DRAIN_S = 4  # seconds: ample for a few tokens, far short of 1500 (test_http_server's drain test)
+SMALL_SERVER_ARGS = ("--max-running-requests", "8", "--max-queued-requests", "2", "--chunked-prefill-size", "128",
+                     "--reasoning-parser", "qwen3", "--served-model-name", "smol", "--max-n", "4",
+                     "--enable-priority-scheduling", "--drain-timeout", str(SMALL_SERVER_DRAIN_S))
 
 
 def free_port() -> int:
@@ -42,6 +52,7 @@ class RunningServer:
     process: subprocess.Popen[bytes]
     port: int
     log_path: str
+    _terminated: bool = False
 
     @property
     def url(self) -> str:
@@ -73,7 +84,7 @@ class RunningServer:
                     return
             except (requests.ConnectionError, requests.Timeout):
                 pass
-            time.sleep(0.25)
+            time.sleep(0.05)
         raise TimeoutError(f"server not healthy in {START_TIMEOUT_S} s:\n{self.log()}")
 
     def log(self) -> str:
@@ -81,13 +92,22 @@ class RunningServer:
             return fh.read()
 
     def stop(self, timeout: float = 30.0) -> int:
-        if self.process.poll() is None:
+        self.terminate()
+        return self.wait_stopped(timeout)
+
+    def terminate(self) -> None:
+        """Send SIGTERM (once: a second one stops without draining) unless it has exited."""
+        if self.process.poll() is None and not self._terminated:
+            self._terminated = True
             self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
+
+    def wait_stopped(self, timeout: float = 30.0) -> int:
+        """Wait for the exit that `terminate` asked for; kill it after `timeout` s."""
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
         return self.process.returncode
 
     def __enter__(self) -> RunningServer:

@@ -1,75 +1,86 @@
-"""Admission control against the real server (--max-running-requests 1 --max-queued-requests 1
---max-prompts-per-request 4): beyond what it admits a request gets 503 with Retry-After and is
-counted, nothing of it queued; a batch over the prompt cap is a 400; long prompts are encoded
-off the event loop."""
+"""Admission control against the real server (the run's `key_server`, tests/conftest.py: 2 running
+and 1 queued request, 4 prompts per request, an API key): beyond what it admits a request gets
+503 with Retry-After and is counted, nothing of it queued; a batch over the prompt cap is a 400;
+long prompts are encoded off the event loop."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
 
 import openai
 import pytest
 import requests
 
 from runtime.errors import InvalidRequest, Overloaded
-from tests.tokenizer.http_helpers import RunningServer, post, server_state, wait_until
+from tests.tokenizer.http_helpers import (
+    API_KEY, AUTH, RunningServer, post, server_state, wait_until,
+)
 from tokenizer.admission import OFFLOAD_TOKENIZE_CHARS, PromptEncoder, check_admission
 from tokenizer.generate_body import SingleRequest
 
 LONG = {"sampling_params": {"max_new_tokens": 400, "ignore_eos": True}}
+HELD = 3  # key_server's --max-running-requests 2 + --max-queued-requests 1
+QUEUE_FULL = 'radixserve:num_rejected_requests_total{model_name="SmolLM2-135M-Instruct",reason="queue_full"}'
 
 
 @pytest.fixture(scope="module")
-def server(default_model_path: str) -> Iterator[RunningServer]:
-    running = RunningServer.start(default_model_path, "--max-running-requests", "1", "--max-queued-requests", "1",
-                                  "--max-prompts-per-request", "4")
-    yield running
-    running.stop()
+def server(key_server: RunningServer) -> RunningServer:
+    return key_server
+
+
+def _queue_full(server: RunningServer) -> float:
+    """The count of 503s for a full queue so far (0 before the first)."""
+    metrics = requests.get(server.url + "/metrics", headers=AUTH, timeout=30).text
+    return next((float(line.split()[-1]) for line in metrics.splitlines() if line.startswith(QUEUE_FULL + " ")), 0.0)
 
 
 def test_a_batch_over_the_prompt_cap_is_a_400(server: RunningServer) -> None:
-    resp = post(server, "/generate", {"text": ["a"] * 5, "sampling_params": {"max_new_tokens": 1}})
+    resp = post(server, "/generate", {"text": ["a"] * 5, "sampling_params": {"max_new_tokens": 1}}, headers=AUTH)
     assert resp.status_code == 400 and resp.json()["error"]["param"] == "text", resp.text
     assert "at most 4" in resp.json()["error"]["message"]
-    resp = post(server, "/v1/completions", {"model": "m", "prompt": ["a"] * 5, "max_tokens": 1})
+    resp = post(server, "/v1/completions", {"model": "m", "prompt": ["a"] * 5, "max_tokens": 1}, headers=AUTH)
     assert resp.status_code == 400, resp.text
-    assert post(server, "/generate", {"text": ["a"] * 2, "sampling_params": {"max_new_tokens": 1}}).status_code == 200
+    ok = post(server, "/generate", {"text": ["a"] * 2, "sampling_params": {"max_new_tokens": 1}}, headers=AUTH)
+    assert ok.status_code == 200
 
 
 def test_beyond_running_plus_queued_is_a_503_with_retry_after(server: RunningServer) -> None:
+    rejected_before = _queue_full(server)
     results: list[int] = []
-    workers = [threading.Thread(target=lambda i=i: results.append(
-        post(server, "/generate", {"text": f"Count {i}:", "rid": f"long{i}", **LONG}).status_code)) for i in range(2)]
+    workers = [threading.Thread(target=lambda i=i: results.append(post(
+        server, "/generate", {"text": f"Count {i}:", "rid": f"long{i}", **LONG}, headers=AUTH).status_code))
+        for i in range(HELD)]
     for w in workers:
         w.start()
-    wait_until(lambda: (lambda s: s["running"] + s["waiting"])(server_state(server)) == 2, "two requests held")
-    refused = post(server, "/generate", {"text": "one more", "sampling_params": {"max_new_tokens": 1}})
+    wait_until(lambda: (lambda s: s["running"] + s["waiting"])(server_state(server, AUTH)) == HELD,
+               "the requests held")
+    refused = post(server, "/generate", {"text": "one more", "sampling_params": {"max_new_tokens": 1}}, headers=AUTH)
     assert refused.status_code == 503, refused.text
     assert refused.headers["Retry-After"] == "1"
     assert refused.json()["error"]["type"] == "service_unavailable_error"
     assert "capacity" in refused.json()["error"]["message"]
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0)
     with pytest.raises(openai.InternalServerError) as err:  # the openai package retries these
         client.completions.create(model="m", prompt="hi", max_tokens=1)
     assert err.value.status_code == 503
-    metrics = requests.get(server.url + "/metrics", timeout=30).text
-    assert 'radixserve:num_rejected_requests_total{model_name="SmolLM2-135M-Instruct",reason="queue_full"} 2.0' in metrics
-    for rid in ("long0", "long1"):
-        post(server, "/abort_request", {"rid": rid})
+    assert _queue_full(server) == rejected_before + 2
+    for i in range(HELD):
+        post(server, "/abort_request", {"rid": f"long{i}"}, headers=AUTH)
     for w in workers:
         w.join(60)
-    assert sorted(results) == [200, 200]
-    state = server_state(server)
+    assert sorted(results) == [200] * HELD
+    state = server_state(server, AUTH)
     assert state["integrity"] == "ok" and state["running"] == 0 and state["waiting"] == 0
-    assert post(server, "/generate", {"text": "again", "sampling_params": {"max_new_tokens": 1}}).status_code == 200
+    again = post(server, "/generate", {"text": "again", "sampling_params": {"max_new_tokens": 1}}, headers=AUTH)
+    assert again.status_code == 200
 
 
 def test_a_request_that_could_never_be_held_is_a_400(server: RunningServer) -> None:
-    """n=2 is two samples and a warm-up: three held requests, more than the two admitted at all."""
-    resp = post(server, "/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 1, "n": 2}})
+    """n=3 is three samples and a warm-up: four held requests, more than the three admitted at all."""
+    body = {"text": "hi", "sampling_params": {"max_new_tokens": 1, "n": HELD}}
+    resp = post(server, "/generate", body, headers=AUTH)
     assert resp.status_code == 400 and resp.json()["error"]["param"] == "n", resp.text
 
 

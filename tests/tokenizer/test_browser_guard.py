@@ -1,13 +1,13 @@
 """Browser safety (tokenizer/browser_guard.py) and where the API key comes from (tokenizer/api_key.py).
 
 Most tests run the app in-process with a fake manager that records what reached it; the last
-one starts the real server with the default model (one subprocess, --api-key-file)."""
+one uses the real server with the default model and --api-key-file (the run's `key_server`,
+tests/conftest.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from runtime.cli import build_parser
 from runtime.config import LOOPBACK_ORIGINS, ServerConfig, config_from_args
 from runtime.errors import InvalidRequest
-from tests.tokenizer.http_helpers import RunningServer
+from tests.tokenizer.http_helpers import API_KEY, AUTH, RunningServer
 from tokenizer import http_server
 from tokenizer.api_key import resolve_api_key
 from tokenizer.browser_guard import is_loopback_host_header, is_loopback_name, parse_origin
@@ -318,24 +318,20 @@ def test_an_unreadable_or_empty_key_refuses_the_start(tmp_path: Path, monkeypatc
 
 
 @pytest.mark.slow
-def test_real_server_refuses_a_foreign_page_and_serves_plain_clients(default_model_path: str,
-                                                                    tmp_path: Path) -> None:
-    key_file = tmp_path / "key"
-    key_file.write_text("e2e-key\n")
-    os.chmod(key_file, 0o600)
-    auth = {"Authorization": "Bearer e2e-key"}
+def test_real_server_refuses_a_foreign_page_and_serves_plain_clients(key_server: RunningServer) -> None:
+    server = key_server
     body = json.dumps({"text": "The capital of France is",
                        "sampling_params": {"max_new_tokens": 4, "temperature": 0}}).encode()
-    with RunningServer.start(default_model_path, "--api-key-file", str(key_file)) as server:
-        foreign = requests.post(server.url + "/generate", data=body, timeout=60,
-                                headers={**auth, "Origin": EVIL, "Sec-Fetch-Mode": "no-cors"})
-        assert foreign.status_code == 403 and EVIL in foreign.json()["error"]["message"]
-        abort = requests.post(server.url + "/abort_request", json={"abort_all": True},
-                              headers={"Origin": EVIL}, timeout=30)
-        assert abort.status_code == 403
-        plain = requests.post(server.url + "/generate", data=body, headers=auth, timeout=60)  # no Content-Type
-        assert plain.status_code == 200 and plain.json()["meta_info"]["completion_tokens"] >= 1, plain.text
-        info = requests.get(server.url + "/get_server_info", headers=auth, timeout=30)
-        assert info.status_code == 200 and "e2e-key" not in info.text
-        assert requests.get(server.url + "/health", timeout=10).status_code == 200
-        assert "e2e-key" not in open(f"/proc/{server.process.pid}/cmdline").read()
+    foreign = requests.post(server.url + "/generate", data=body, timeout=60,
+                            headers={**AUTH, "Origin": EVIL, "Sec-Fetch-Mode": "no-cors"})
+    assert foreign.status_code == 403 and EVIL in foreign.json()["error"]["message"]
+    abort = requests.post(server.url + "/abort_request", json={"abort_all": True},
+                          headers={"Origin": EVIL}, timeout=30)
+    assert abort.status_code == 403
+    plain = requests.post(server.url + "/generate", data=body, headers=AUTH, timeout=60)  # no Content-Type
+    assert plain.status_code == 200 and plain.json()["meta_info"]["completion_tokens"] >= 1, plain.text
+    assert requests.post(server.url + "/generate", data=body, timeout=60).status_code == 401  # the key is required
+    info = requests.get(server.url + "/get_server_info", headers=AUTH, timeout=30)
+    assert info.status_code == 200 and API_KEY not in info.text
+    assert requests.get(server.url + "/health", timeout=10).status_code == 200
+    assert API_KEY not in open(f"/proc/{server.process.pid}/cmdline").read()

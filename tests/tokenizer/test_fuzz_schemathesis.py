@@ -8,12 +8,16 @@ bounded, then the server must be alive, idle and sound.
 Checks on every answer: no 5xx (`not_a_server_error`), a documented status, a documented content
 type, a body that fits the documented answer, and no 5xx error event inside a 200 stream. The
 server runs with small caps (context 160 tokens, n <= 2, 4 prompts, 5 top logprobs), which the
-document carries as its bounds, and --request-timeout 1: a long generation ends with finish
-reason abort after a second, so the deadline path is fuzzed too and every example is quick.
+document carries as its bounds, and --request-timeout 0.3: a long generation ends with finish
+reason abort after 0.3 s (a few tokens in), so the deadline path is fuzzed too and every example
+is quick (most generations end at that deadline: its length is the cost of an example). A fitting
+body's own longer `timeout` is cut to 0.3 s for the same reason; the final soundness check sends
+a huge one.
 Nothing is excluded: /abort_request and /flush_cache act on an idle server between examples;
 GET /openapi.json is fetched and validated, not fuzzed (schemathesis skips the operation that
 serves the document it reads; test_openapi.py covers the route).
-Examples: one per operation without a body; the rest split by WEIGHTS, half positive, half
+Examples: 200 in all by default, 300 with RADIXSERVE_FULL_TESTS=1 (RADIXSERVE_FUZZ_EXAMPLES sets
+any count): one per operation without a body; the rest split by WEIGHTS, half positive, half
 negative. The report (printed with -s) lists per operation the examples and statuses, and the
 fitting bodies refused with a 400 (rules a schema cannot express: a prompt longer than the
 context, per-prompt lists of the wrong length, an invalid grammar...).
@@ -44,9 +48,11 @@ from tests.tokenizer.http_helpers import RunningServer, post, server_state, wait
 pytestmark = pytest.mark.slow
 
 SEED = int(os.environ.get("RADIXSERVE_FUZZ_SEED", "18"))
-TOTAL_EXAMPLES = int(os.environ.get("RADIXSERVE_FUZZ_EXAMPLES", "300"))
+FULL = os.environ.get("RADIXSERVE_FULL_TESTS") == "1"
+TOTAL_EXAMPLES = int(os.environ.get("RADIXSERVE_FUZZ_EXAMPLES", "300" if FULL else "200"))
+DEADLINE_S = 0.3  # the server's --request-timeout
 SERVER_ARGS = ("--context-length", "160", "--max-n", "2", "--max-prompts-per-request", "4",
-               "--max-top-logprobs", "5", "--request-timeout", "1")
+               "--max-top-logprobs", "5", "--request-timeout", str(DEADLINE_S))
 # Shares of the examples for operations with a body (one example covers an operation without).
 WEIGHTS = {"POST /generate": 3, "POST /v1/completions": 3, "POST /v1/chat/completions": 3}
 REQUEST_TIMEOUT_S = 60
@@ -80,6 +86,16 @@ def _budgets(operations: list[Any]) -> dict[str, int]:
     out = {op.label: 1 for op in operations if not op.body}
     out.update({label: max(2, spare * WEIGHTS.get(label, 1) // units) for label in with_body})
     return out
+
+
+def _deadline_kept(body: Any) -> Any:
+    """A fitting body's own `timeout` (which overrides the server's) cut to DEADLINE_S: with a
+    long one an example could run its prompts to their full length (4 prompts x 128 tokens took
+    half a minute). A huge valid timeout is sent by `_assert_sound` instead."""
+    timeout = body.get("timeout") if isinstance(body, dict) else None
+    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > DEADLINE_S:
+        return {**body, "timeout": DEADLINE_S}
+    return body
 
 
 def _whole_floats_as_ints(value: Any) -> Any:
@@ -131,7 +147,7 @@ def _fuzz(op: Any, mode: GenerationMode, examples: int, session: requests.Sessio
     @hypothesis.given(case=op.as_strategy(generation_mode=mode))
     def run(case: Any) -> None:
         if mode is GenerationMode.POSITIVE:
-            case.body = _whole_floats_as_ints(case.body)
+            case.body = _deadline_kept(_whole_floats_as_ints(case.body))
         response = case.call(session=session, timeout=REQUEST_TIMEOUT_S)
         tally.record(op.label, mode, response)
         case.validate_response(response, checks=CHECKS)
@@ -170,6 +186,7 @@ def _assert_sound(server: RunningServer) -> None:
     assert state["kv_available"] + state["kv_evictable"] == state["kv_total"], state
     info = requests.get(server.url + "/get_server_info", timeout=10).json()
     assert info["requests_in_flight"] == 0, info
-    out = post(server, "/generate", {"text": "Hello", "sampling_params": {"max_new_tokens": 2}})
+    # A huge timeout is valid (and spares this request the server's short deadline).
+    out = post(server, "/generate", {"text": "Hello", "timeout": 7.8e13, "sampling_params": {"max_new_tokens": 2}})
     assert out.status_code == 200 and out.json()["meta_info"]["completion_tokens"] >= 1
     assert server_state(server)["integrity"] == "ok"

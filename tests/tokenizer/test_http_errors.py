@@ -1,6 +1,7 @@
-"""Bad requests, sizes and the API key against the real server (one subprocess with --api-key and
-a small body limit): every rejection is an OpenAI error object naming the problem, none reaches
-the scheduler, and a good request still works afterwards; a killed child fails everything.
+"""Bad requests, sizes and the API key against the real server (the run's `key_server`,
+tests/conftest.py: an API key and a 64 KiB body limit): every rejection is an OpenAI error object
+naming the problem, none reaches the scheduler, and a good request still works afterwards; a
+killed child fails everything (the last test: it ends that server).
 The first tests run the app in-process with a fake manager: phases and internal errors."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import json
 import os
 import signal
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import openai
@@ -21,13 +22,13 @@ from aiohttp.test_utils import TestClient, TestServer
 from runtime.config import ServerConfig
 from runtime.errors import InvalidRequest as InvalidRequest_
 from runtime.errors import RuntimeCrashed
-from tests.tokenizer.http_helpers import RunningServer, server_state, wait_until
+from tests.tokenizer.http_helpers import (
+    API_KEY, AUTH, KEY_SERVER_BODY_LIMIT, RunningServer, server_state, wait_until,
+)
 from tokenizer.http_server import create_app
 from tokenizer.server_state import Phase, ServerState
 
-KEY = "test-key-123"
-AUTH = {"Authorization": f"Bearer {KEY}"}
-BODY_LIMIT = 65536
+BODY_LIMIT = KEY_SERVER_BODY_LIMIT
 CHAT = "/v1/chat/completions"
 COMP = "/v1/completions"
 GEN = "/generate"
@@ -146,11 +147,8 @@ def test_errors_after_the_stream_started_are_events() -> None:
 
 
 @pytest.fixture(scope="module")
-def server(default_model_path: str) -> Iterator[RunningServer]:
-    running = RunningServer.start(default_model_path, "--api-key", KEY,
-                                  "--max-request-bytes", str(BODY_LIMIT))
-    yield running
-    running.stop()
+def server(key_server: RunningServer) -> RunningServer:
+    return key_server
 
 
 def _chat(**fields: Any) -> dict[str, Any]:
@@ -261,7 +259,7 @@ def test_bad_request(server: RunningServer, path: str, method: str, body: Any, s
 def test_nothing_reached_the_scheduler_and_good_requests_work(server: RunningServer) -> None:
     state = server_state(server, AUTH)
     assert state["integrity"] == "ok" and state["running"] == 0
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0)
     out = client.chat.completions.create(model="m", messages=MSG, max_tokens=3, temperature=0)
     assert out.choices[0].message.content
     with pytest.raises(openai.BadRequestError, match="top_p"):
@@ -292,7 +290,7 @@ ROUTES = [
 @pytest.mark.parametrize(("method", "path", "body"), ROUTES, ids=[r[1] for r in ROUTES])
 def test_api_key_guards_every_route(server: RunningServer, method: str, path: str,
                                     body: Any) -> None:
-    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEY}):
         resp = requests.request(method, server.url + path, json=body, headers=headers, timeout=30)
         assert resp.status_code == 401, (headers, resp.text)
         assert resp.json()["error"]["type"] == "authentication_error"
@@ -335,6 +333,7 @@ def _cmdline(pid: int) -> bytes:
 
 
 @pytest.mark.slow
+@pytest.mark.ends_server
 def test_a_dead_child_fails_requests_and_exits_nonzero(server: RunningServer) -> None:
     """Last in this module: it kills the server's runtime. The scheduler (runtime/launch.py
     starts it before the detokenizer) is killed once the stream has its first event and both

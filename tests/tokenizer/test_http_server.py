@@ -1,6 +1,6 @@
-"""The real server over HTTP (one subprocess for the module): the official `openai` client, the
-native /generate API, disconnect-abort, /metrics, and the SIGTERM drain (last: it stops the
-server)."""
+"""The real server over HTTP (the run's `small_server`, tests/conftest.py: model name "smol",
+priority scheduling, a 4 s drain): the official `openai` client, the native /generate API,
+disconnect-abort, /metrics, and the SIGTERM drain (last: it stops the server)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ import os
 import signal
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import openai
 import pytest
 import requests
 
 from tests.tokenizer.http_helpers import (
-    RunningServer, post, server_state, sse_events, wait_idle, wait_until,
+    SMALL_SERVER_DRAIN_S, RunningServer, post, server_state, sse_events, wait_idle, wait_until,
 )
 
 pytestmark = pytest.mark.slow
@@ -28,11 +28,8 @@ LONG = {"max_new_tokens": 1500, "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
-def server(default_model_path: str) -> Iterator[RunningServer]:
-    running = RunningServer.start(default_model_path, "--served-model-name", "smol", "--max-n", "4",
-                                  "--enable-priority-scheduling")
-    yield running
-    running.stop()
+def server(small_server: RunningServer) -> RunningServer:
+    return small_server
 
 
 @pytest.fixture(scope="module")
@@ -298,6 +295,7 @@ def test_http_abort_all_ends_every_request(server: RunningServer) -> None:
 def test_a_request_past_its_timeout_ends_with_abort(server: RunningServer) -> None:
     """A top-level `timeout` (native, and OpenAI's body through extra_body) bounds a request
     server-side: it ends with finish_reason abort saying its deadline passed, nothing leaks."""
+    expired_before = server_state(server)["deadline_expired"]
     long = {"max_new_tokens": 1500, "ignore_eos": True}
     out = post(server, "/generate", {"text": "Count:", "sampling_params": long, "timeout": 0.5}).json()
     finish = out["meta_info"]["finish_reason"]
@@ -310,42 +308,38 @@ def test_a_request_past_its_timeout_ends_with_abort(server: RunningServer) -> No
     bad = post(server, "/generate", {"text": "hi", "timeout": -1})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "timeout"
     state = server_state(server)
-    assert state["deadline_expired"] >= 2 and state["integrity"] == "ok"
+    assert state["deadline_expired"] - expired_before >= 2 and state["integrity"] == "ok"
 
 
-def test_sigterm_drains_then_exits_zero(server: RunningServer) -> None:
-    """SIGTERM while a request runs: /health turns 503, a new request gets a 503 error object,
-    the running one finishes normally, and the server exits 0."""
-    result: dict = {}
-    body = {"text": "Count:", "sampling_params": {"max_new_tokens": 200, "ignore_eos": True}}
-    worker = threading.Thread(target=lambda: result.update(post(server, "/generate", body).json()))
-    worker.start()
-    wait_until(lambda: server_state(server)["running"] > 0, "the request to run")
-    server.process.send_signal(signal.SIGTERM)
-    wait_until(lambda: requests.get(server.url + "/health", timeout=10).status_code == 503, "draining")
-    late = post(server, "/generate", body, timeout=10)
-    assert late.status_code == 503 and "error" in late.json(), late.text
-    assert late.headers["Retry-After"] == "1"
-    worker.join(60)
-    assert result["meta_info"]["finish_reason"]["type"] == "length"
-    assert server.process.wait(60) == 0
-    assert "server stopped (exit code 0)" in server.log()
-
-
-def test_drain_timeout_bounds_the_wait_for_running_requests(default_model_path: str) -> None:
-    """--drain-timeout 1: a request that would run for long is cut off when the drain times out
-    (not after its 1500 tokens), its client gets an answer, and the server still exits 0."""
-    server = RunningServer.start(default_model_path, "--drain-timeout", "1")
-    try:
-        result: dict = {}
-        body = {"text": "Count:", "sampling_params": {"max_new_tokens": 1500, "ignore_eos": True}}
-        worker = threading.Thread(target=lambda: result.update(status=post(server, "/generate", body).status_code))
-        worker.start()
-        wait_until(lambda: server_state(server)["running"] > 0, "the request to run")
+@pytest.mark.ends_server
+def test_sigterm_drains_until_the_drain_timeout_then_exits_zero(server: RunningServer) -> None:
+    """SIGTERM while a short (streamed) and a long request run: /health turns 503 and a new
+    request gets a 503 error object; the short one, past its first token when the signal came,
+    finishes normally within the drain; the long one (1500 tokens) is cut off when the drain
+    times out (--drain-timeout SMALL_SERVER_DRAIN_S: ample for the short one's 15 tokens to go),
+    not after its tokens, and its client gets an answer; the server exits 0. The log's drain
+    lines count the requests in flight at its start and at its end."""
+    answers: dict[str, requests.Response] = {}
+    long_body = {"text": "Count:", "sampling_params": LONG}
+    long = threading.Thread(target=lambda: answers.update(long=post(server, "/generate", long_body)))
+    long.start()
+    wait_until(lambda: server_state(server)["running"] == 1, "the long request to run")
+    short_body = {"text": "Count to ten:", "stream": True, "sampling_params": {"max_new_tokens": 16, "ignore_eos": True}}
+    with requests.post(server.url + "/generate", json=short_body, stream=True, timeout=60) as short:
+        events = sse_events(short)
+        first = next(events)  # the short request runs: 15 tokens to go
         server.process.send_signal(signal.SIGTERM)
-        assert server.process.wait(60) == 0
-        worker.join(30)
-        assert "status" in result  # answered, not left hanging
-        assert "drain timed out" in server.log()
-    finally:
-        server.stop()
+        wait_until(lambda: requests.get(server.url + "/health", timeout=10).status_code == 503, "draining")
+        late = post(server, "/generate", long_body, timeout=10)
+        assert late.status_code == 503 and "error" in late.json(), late.text
+        assert late.headers["Retry-After"] == "1"
+        rest = list(events)
+    assert json.loads(first)["meta_info"]["finish_reason"] is None
+    assert rest[-1] == "[DONE]" and json.loads(rest[-2])["meta_info"]["finish_reason"]["type"] == "length", rest[-2:]
+    assert server.process.wait(60) == 0
+    long.join(30)
+    assert "long" in answers, "the long request's client got no answer"
+    log = server.log()
+    assert f"draining: 2 request(s) in flight, waiting up to {SMALL_SERVER_DRAIN_S} s" in log
+    assert "drain timed out with 1 request(s) in flight" in log  # the long one; the short one had ended
+    assert "server stopped (exit code 0)" in log

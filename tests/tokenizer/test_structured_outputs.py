@@ -1,7 +1,7 @@
-"""Structured outputs and tool calls against the real server (one subprocess for the module, the
-default model in float32): response_format, native regex / EBNF / JSON schema, forced tool calls
-through the official `openai` client (plain and streamed), grammar errors, and a multi-turn chat
-served from the prefix cache.
+"""Structured outputs and tool calls against the real server (the run's `small_server`,
+tests/conftest.py: the default model in float32 with --reasoning-parser qwen3): response_format,
+native regex / EBNF / JSON schema, forced tool calls through the official `openai` client (plain
+and streamed), grammar errors, and a multi-turn chat served from the prefix cache.
 
 Tests named `test_grammar_*` need constrained decoding (grammar validation in the manager and
 token masks in the scheduler); the others only need the HTTP layer.
@@ -13,7 +13,8 @@ import json
 import re
 import threading
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable
 from typing import Any
 
 import openai
@@ -43,18 +44,12 @@ YES_NO = 'root ::= answer "!"\nanswer ::= "yes" | "no"'
 
 
 @pytest.fixture(scope="module")
-def server(default_model_path: str) -> Iterator[RunningServer]:
-    running = RunningServer.start(default_model_path, "--reasoning-parser", "qwen3")
-    yield running
-    running.stop()
+def server(small_server: RunningServer) -> RunningServer:
+    return small_server
 
 
 @pytest.fixture(scope="module")
 def client(server: RunningServer) -> openai.OpenAI:
-    return _client(server)
-
-
-def _client(server: RunningServer) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
 
 
@@ -97,7 +92,7 @@ def test_grammar_response_format_json_schema(client: openai.OpenAI) -> None:
 
 def test_grammar_response_format_json_object(client: openai.OpenAI) -> None:
     out = client.chat.completions.create(
-        model="m", messages=[{"role": "user", "content": "Give me a JSON object about a cat."}],
+        model="m", messages=[{"role": "user", "content": "Give me a JSON object with the name and age of a cat."}],
         response_format={"type": "json_object"}, max_tokens=200, temperature=0)
     assert out.choices[0].finish_reason == "stop"
     json.loads(out.choices[0].message.content or "")  # raises unless it is JSON
@@ -243,7 +238,7 @@ def test_grammar_forced_tool_call_streamed(client: openai.OpenAI) -> None:
 
 def test_auto_tool_choice_answers_with_content_or_calls(client: openai.OpenAI) -> None:
     out = client.chat.completions.create(model="m", messages=ASK_WEATHER, tools=[WEATHER, TIME],
-                                         max_tokens=48, temperature=0)
+                                         max_tokens=24, temperature=0)
     choice = out.choices[0]
     if choice.message.tool_calls:
         assert choice.finish_reason == "tool_calls"
@@ -277,13 +272,15 @@ QUESTIONS = ["Hi! What is your name?", "Name a color.", "Name an animal.", "Name
              "Thank you. Goodbye!"]
 
 
-def _converse(client: openai.OpenAI) -> tuple[list[str], list[Any]]:
+def _converse(client: openai.OpenAI, salt: Callable[[], str | None]) -> tuple[list[str], list[Any]]:
+    """The five turns, each request in the prefix-cache namespace `salt()` (None: the default)."""
     history: list[Any] = []
     answers, usages = [], []
     for question in QUESTIONS:
         history.append({"role": "user", "content": question})
-        out = client.chat.completions.create(model="m", messages=history, max_tokens=20,
-                                             temperature=0)
+        namespace = salt()
+        out = client.chat.completions.create(model="m", messages=history, max_tokens=12, temperature=0,
+                                             extra_body={"cache_salt": namespace} if namespace else None)
         text = out.choices[0].message.content or ""
         history.append({"role": "assistant", "content": text})
         answers.append(text)
@@ -291,13 +288,15 @@ def _converse(client: openai.OpenAI) -> tuple[list[str], list[Any]]:
     return answers, usages
 
 
-def test_five_turn_chat_is_served_from_the_cache(client: openai.OpenAI,
-                                                  default_model_path: str) -> None:
-    answers, usages = _converse(client)
+def test_five_turn_chat_is_served_from_the_cache(client: openai.OpenAI) -> None:
+    """Each turn reuses the cached previous turns, and answers as the same chat computed without
+    the cache: every request of the reference in a fresh cache namespace (`cache_salt`, a radix
+    namespace of its own: nothing to match, the whole prompt computed, as with
+    --disable-radix-cache)."""
+    answers, usages = _converse(client, lambda: None)
     for before, now in zip(usages, usages[1:]):
         assert now.prompt_tokens_details.cached_tokens >= before.prompt_tokens - 1, (before, now)
-    with RunningServer.start(default_model_path, "--disable-radix-cache") as plain:
-        reference, plain_usages = _converse(_client(plain))
+    reference, plain_usages = _converse(client, lambda: f"uncached-{uuid.uuid4()}")
     assert answers == reference
     assert all(u.prompt_tokens_details.cached_tokens == 0 for u in plain_usages)
 
