@@ -43,12 +43,20 @@ def _abort(engine: Engine, rid: str) -> str:
     return "decisive" if seen is not None and seen < DECISIVE else "late"
 
 
-def _client(engine: Engine, i: int, rng: random.Random, outcomes: dict[str, str]) -> None:
-    rid = f"fuzz{i}"
+def _client(engine: Engine, i: int, rng: random.Random, outcomes: dict[str, str], acted: threading.Event) -> None:
+    """One client; sets `acted` once its own abort or disconnect is done (a plain one at once)."""
+    try:
+        _act(engine, f"fuzz{i}", rng, outcomes, acted)
+    finally:
+        acted.set()
+
+
+def _act(engine: Engine, rid: str, rng: random.Random, outcomes: dict[str, str], acted: threading.Event) -> None:
     prompt = [rng.randrange(3, 300) for _ in range(rng.randrange(1, 80))]
     params = {"max_new_tokens": rng.randrange(1, 60), "ignore_eos": True, "temperature": 0}
     mode = rng.choice(["plain", "abort", "disconnect"])
     if mode == "plain":
+        acted.set()
         result = engine.generate(input_ids=prompt, sampling_params=params, rid=rid)
         outcomes[rid] = "plain:" + result["meta_info"]["finish_reason"]["type"]
         return
@@ -62,13 +70,18 @@ def _client(engine: Engine, i: int, rng: random.Random, outcomes: dict[str, str]
             if n >= after:
                 break
         stream.close()  # type: ignore[attr-defined]
+        acted.set()
         outcomes[rid] = "disconnected"
         return
-    kind = _abort(engine, rid) if after == 0 else "late"
+    kind = "late"
+    if after == 0:
+        kind = _abort(engine, rid)
+        acted.set()
     last: dict = {}
     for n, chunk in enumerate(stream, start=1):
         if n == after:
             kind = _abort(engine, rid)
+            acted.set()
         last = chunk
     outcomes[rid] = f"abort-{kind}:" + last["meta_info"]["finish_reason"]["type"]
 
@@ -79,12 +92,16 @@ def test_abort_fuzz_through_the_engine(tiny_model: str, overlap: bool) -> None:
     outcomes: dict[str, str] = {}
     with Engine(tiny_model, dtype="float32", max_total_tokens=600, chunked_prefill_size=32,
                 max_running_requests=8, disable_overlap_schedule=not overlap) as engine:
-        threads = [threading.Thread(target=_client, args=(engine, i, random.Random(rng.random()), outcomes))
+        acted = [threading.Event() for _ in range(40)]
+        threads = [threading.Thread(target=_client, args=(engine, i, random.Random(rng.random()), outcomes, acted[i]))
                    for i in range(40)]
         for t in threads:
             t.start()
             time.sleep(rng.random() * 0.02)
-        time.sleep(0.2)
+        # abort_all comes once every client has made its own move, so on a loaded machine it
+        # cannot end the requests whose own abort the test is about before they send it.
+        for event in acted:
+            assert event.wait(60), "a client never made its move"
         engine.abort_all()
         for t in threads:
             t.join(timeout=60)
