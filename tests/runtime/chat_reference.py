@@ -1,8 +1,9 @@
 """The chat prompts several runtime tests share, and Hugging Face's greedy answers to them.
 
 Loading the tokenizer and the HF model and running `generate` costs seconds per module on a
-2-core machine, so `tests/runtime/conftest.py` computes these once per run (session fixtures
-`chat_ids` and `hf_greedy`) for test_engine, test_hf_parity and test_quantization.
+2-core machine (HF's fp32 decode runs at about 60 ms a token here), so `tests/runtime/conftest.py`
+computes these once per run (session fixtures `chat_ids` and `hf_greedy`) for test_engine,
+test_hf_parity and test_quantization.
 """
 
 from __future__ import annotations
@@ -36,16 +37,41 @@ def chat_ids(tokenizer: Any) -> list[list[int]]:
     return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
 
 
-def hf_greedy(model_path: str, prompts: list[list[int]], new_tokens: int = HF_NEW_TOKENS) -> list[list[int]]:
-    """HF transformers' fp32 greedy continuation of each prompt, one prompt at a time (no
-    padding, so nothing but the prompt decides the numbers)."""
-    import torch
-    import transformers
+class HFGreedy:
+    """HF transformers' fp32 greedy answers (HF_NEW_TOKENS tokens, or up to EOS) to `prompts`,
+    each computed on first use and kept: a module that needs the first four pays for four, and
+    the run pays for each prompt once. One prompt at a time (no padding, so nothing but the
+    prompt decides the numbers)."""
 
-    hf = transformers.AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
-    outs = []
-    with torch.no_grad():
-        for ids in prompts:
-            out = hf.generate(torch.tensor([ids]), max_new_tokens=new_tokens, do_sample=False, pad_token_id=EOS_ID)
-            outs.append(out[0, len(ids) :].tolist())
-    return outs
+    def __init__(self, model_path: str, prompts: list[list[int]]) -> None:
+        self.model_path = model_path
+        self.prompts = prompts
+        self._answers: dict[int, list[int]] = {}
+        self._model: Any = None
+
+    def first(self, count: int) -> list[list[int]]:
+        """The answers to the first `count` prompts (callers must not mutate them)."""
+        assert 0 < count <= len(self.prompts), count
+        return [self._answer(i) for i in range(count)]
+
+    def _answer(self, index: int) -> list[int]:
+        if index not in self._answers:
+            import torch
+
+            with torch.no_grad():
+                ids = self.prompts[index]
+                out = self._hf().generate(torch.tensor([ids]), max_new_tokens=HF_NEW_TOKENS, do_sample=False,
+                                          pad_token_id=EOS_ID)
+            self._answers[index] = out[0, len(ids) :].tolist()
+            if len(self._answers) == len(self.prompts):
+                self._model = None  # every answer is known: free the model's memory
+        return self._answers[index]
+
+    def _hf(self) -> Any:
+        if self._model is None:
+            import torch
+            import transformers
+
+            self._model = transformers.AutoModelForCausalLM.from_pretrained(
+                self.model_path, dtype=torch.float32).eval()
+        return self._model

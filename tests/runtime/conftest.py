@@ -25,6 +25,8 @@ def chat_ids(default_tokenizer: Any) -> list[list[int]]:
 
 
 @pytest.fixture(scope="session")
-def hf_greedy(default_model_path: str, chat_ids: list[list[int]]) -> list[list[int]]:
-    """HF's fp32 greedy answer (HF_NEW_TOKENS tokens, or up to EOS) to each of `chat_ids`."""
-    return chat_reference.hf_greedy(default_model_path, chat_ids)
+def hf_greedy(default_model_path: str, chat_ids: list[list[int]]) -> chat_reference.HFGreedy:
+    """HF's fp32 greedy answers to `chat_ids` (`.first(n)`), each computed once per run. The HF
+    model stays loaded (about 0.5 GB) until every answer is known, so a later module's prompts
+    cost no second load."""
+    return chat_reference.HFGreedy(default_model_path, chat_ids)

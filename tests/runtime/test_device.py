@@ -153,22 +153,29 @@ def test_avx2_branch_runs_in_emulation():
         return
     env = {**os.environ, **emulation_env("avx2")}
     env.pop("RADIXSERVE_CPU_CAPABILITY", None)
-    build = subprocess.run([sys.executable, "-m", "runtime.cpu_kernels", "build"], env=env, cwd=ROOT,
-                           capture_output=True, text=True, timeout=540)
-    assert build.returncode == 0, build.stderr[-3000:]
-    module = Path(build.stdout.strip().splitlines()[-1])
+    # One interpreter for all of it, so torch imports once: the build command (`python -m
+    # runtime.cpu_kernels build`, whose last line is the module's path), the probe's line, then
+    # the CPU-dependent tests in pytest.
+    args = ["-q", "-p", "no:cacheprovider", *AVX2_TESTS, "-k", "not avx2_branch_runs"]
+    script = ("import runpy, sys, pytest\n"
+              "sys.argv = ['runtime.cpu_kernels', 'build']\n"
+              "runpy.run_module('runtime.cpu_kernels', run_name='__main__')\n"
+              "from runtime.device import cpu_capability as c\n"
+              "from runtime.cpu_kernels import load_cpu_kernels as k\n"
+              "print('probe:', c().native_bf16, c().isa, k() is not None, flush=True)\n"
+              f"sys.exit(pytest.main({args!r}))\n")
+    run = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT, capture_output=True, text=True,
+                         timeout=540)
+    out = run.stdout.splitlines()
+    probe_at = next((i for i, line in enumerate(out) if line.startswith("probe: ")), 0)
+    assert probe_at > 0, run.stdout[-3000:] + run.stderr[-3000:]  # the build failed, or printed no path
+    module = Path(out[probe_at - 1])
     assert module.parent.parent.name == "x86-64-v3", module
     disassembly = subprocess.run(["objdump", "-d", str(module)], capture_output=True, text=True)
     if disassembly.returncode == 0:  # binutils is there on our machines; the check is a bonus elsewhere
         assert "zmm" not in disassembly.stdout, "the AVX2 build holds AVX-512 instructions"
-    # One interpreter (torch imports once): the probe's line first, then the tests in pytest.
-    args = ["-q", "-p", "no:cacheprovider", *AVX2_TESTS, "-k", "not avx2_branch_runs"]
-    probe = ("from runtime.device import cpu_capability as c; from runtime.cpu_kernels import load_cpu_kernels as k;"
-             "print(c().native_bf16, c().isa, k() is not None, flush=True);"
-             f"import sys, pytest; sys.exit(pytest.main({args!r}))")
-    run = subprocess.run([sys.executable, "-c", probe], env=env, cwd=ROOT, capture_output=True, text=True, timeout=540)
-    probed, _, tests = run.stdout.partition("\n")
-    assert probed.split() == ["False", "avx2", "True"], run.stdout[-2000:] + run.stderr[-2000:]
+    assert out[probe_at].split()[1:] == ["False", "avx2", "True"], out[probe_at]
+    tests = "\n".join(out[probe_at + 1:])
     assert run.returncode == 0, tests[-4000:] + run.stderr[-2000:]
     assert " passed" in tests and "skipped" not in tests
 

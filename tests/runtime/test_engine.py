@@ -6,7 +6,8 @@ invariant must hold once the engine goes idle.
 An engine costs seconds to start, so tests whose configurations do not conflict share one: the
 engine without the radix cache matches HF and is then killed (the killed-scheduler test); the
 tiny-pool engine (`TestTinyPool`) prefills in chunks of 32, so it serves both the chunked-prefill
-HF check and the pool-pressure test. HF's answers are computed once per run (tests/runtime/conftest.py).
+HF check and the pool-pressure test. HF's answers are computed once per run
+(tests/runtime/conftest.py).
 """
 
 from __future__ import annotations
@@ -33,10 +34,10 @@ CHUNK = 32  # prompt tokens per prefill chunk in the tiny-pool engine: every cha
 
 
 @pytest.fixture(scope="module")
-def hf_reference(hf_greedy: list[list[int]]) -> list[list[int]]:
+def hf_reference(hf_greedy: chat_reference.HFGreedy, chat_ids: list[list[int]]) -> list[list[int]]:
     """HF's greedy answers cut to NEW_TOKENS (the run's shared reference is longer)."""
     assert chat_reference.HF_NEW_TOKENS >= NEW_TOKENS
-    return [answer[:NEW_TOKENS] for answer in hf_greedy]
+    return [answer[:NEW_TOKENS] for answer in hf_greedy.first(len(chat_ids))]
 
 
 def _engine(**overrides: object) -> Iterator[Engine]:

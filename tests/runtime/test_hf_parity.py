@@ -123,7 +123,7 @@ def test_default_model_greedy_matches_hf(default_model_path: str, default_tokeni
     ids = chat_ids[:CHAT_PROMPTS]
     h = StaticBatch.create(default_model_path, dtype="float32", max_total_tokens=4096, max_running_requests=8)
     ours = h.generate_greedy(ids, NEW_TOKENS)
-    for i, expected in enumerate(hf_greedy[:CHAT_PROMPTS]):
+    for i, expected in enumerate(hf_greedy.first(CHAT_PROMPTS)):
         # HF stops at EOS; we decode a fixed 32 tokens, so compare the part HF produced.
         assert ours[i][: len(expected)] == expected, (
             chat_reference.QUESTIONS[i], default_tokenizer.decode(ours[i]), default_tokenizer.decode(expected))

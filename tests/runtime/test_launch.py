@@ -41,9 +41,11 @@ def private_tmp(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
 
 @pytest.fixture
 def config(default_model_path: str) -> ServerConfig:
+    """Small context and KV pool: these tests send a few short requests, and the CPU default pool
+    (65536 tokens, 1.5 GB in bf16) would cost each real scheduler start about a second to zero."""
     from runtime.model_setup import resolve_config
 
-    return resolve_config(ServerConfig(model_path=default_model_path, context_length=256))
+    return resolve_config(ServerConfig(model_path=default_model_path, context_length=256, max_total_tokens=4096))
 
 
 def _wait_for(cond: Callable[[], bool], what: str) -> None:
