@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from runtime.stop import find_stop, partial_stop_suffix_len
+from runtime.contracts.stop import find_stop, partial_stop_suffix_len
 
 SURROUND_TOKENS = 5
 """Prompt tokens kept as left context for the first output tokens (SGLang's value)."""

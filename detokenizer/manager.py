@@ -17,10 +17,10 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from detokenizer.incremental import DecodeOptions, DecodeStateTable, Tokenizer
-from runtime.codec import TypeDispatcher, encode
-from runtime.config import ServerConfig
-from runtime.ipc import IpcDir, PullSocket, PushSocket, new_context
-from runtime.messages import FAILED_KEY, BatchStrOut, BatchTokenOut, ChildReady, SchedulerCrashed, ShutdownReq
+from runtime.contracts.codec import TypeDispatcher, encode
+from runtime.contracts.config import ServerConfig
+from runtime.contracts.ipc import IpcDir, PullSocket, PushSocket, new_context
+from runtime.contracts.messages import FAILED_KEY, BatchStrOut, BatchTokenOut, ChildReady, SchedulerCrashed, ShutdownReq
 
 logger = logging.getLogger("radixserve.detokenizer")
 
@@ -146,8 +146,8 @@ class _DetokenizerLoop:
 
 
 def load_tokenizer(config: ServerConfig, class_ref: str | None = None) -> Any:
-    """The Hugging Face tokenizer of the served model (`class_ref`: see `runtime.tokenizer_load`)."""
-    from runtime import tokenizer_load
+    """The Hugging Face tokenizer of the served model (`class_ref`: see `runtime.support.tokenizer_load`)."""
+    from runtime.support import tokenizer_load
 
     return tokenizer_load.load_tokenizer(tokenizer_load.tokenizer_source(config), class_ref)
 
@@ -155,13 +155,13 @@ def load_tokenizer(config: ServerConfig, class_ref: str | None = None) -> Any:
 def run_detokenizer_process(
     config: ServerConfig, ipc_path: str, ready_conn: Connection, tokenizer_class: str | None = None
 ) -> None:
-    """Entry point of the detokenizer process (spawned by `runtime.launch`).
+    """Entry point of the detokenizer process (spawned by `tokenizer.launch`).
 
     Args:
-        tokenizer_class: the launcher's `runtime.tokenizer_load.class_ref` of the tokenizer; with
+        tokenizer_class: the launcher's `runtime.support.tokenizer_load.class_ref` of the tokenizer; with
             it this process imports neither transformers' auto classes nor torch.
     """
-    from runtime.procutil import configure_child, watch_parent
+    from runtime.support.procutil import configure_child, watch_parent
 
     configure_child(config, "detokenizer")
     watch_parent()

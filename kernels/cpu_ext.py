@@ -1,6 +1,6 @@
 """Our C++ CPU kernels (kernels/csrc/): built once at setup, loaded without a compiler.
 
-`runtime/cpu_kernels.py` decides where the build lives and whether to use it; this module only
+`runtime/execution/cpu_kernels.py` decides where the build lives and whether to use it; this module only
 knows how to build and import it. The key of a build folder covers the sources, the torch
 version, the compiler flags and the CPU's flags (it is built for the CPU it runs on,
 `-march=native`, or for AVX2 with `-march=x86-64-v3`), so a stale or foreign build is never loaded.

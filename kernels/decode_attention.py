@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels import cascade
-from runtime.kv_pool import KVPool
+from kernels.kv_pool import KVPool
 
 Gather = Callable[[int, torch.Tensor, str], tuple[torch.Tensor, torch.Tensor]]
 

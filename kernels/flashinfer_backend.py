@@ -27,8 +27,7 @@ import torch
 
 from kernels.base import AttentionBackend, ForwardMetadata
 from kernels.flashinfer_support import PREFILL_BACKEND, WORKSPACE_BYTES, decode_uses_tensor_cores
-from runtime.device import dtype_name
-from runtime.kv_pool import KVPool
+from kernels.kv_pool import KVPool
 
 
 def unfence_plan_staging(wrapper: Any) -> None:
@@ -54,7 +53,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.q_dtype = q_dtype
-        self.use_tensor_cores = decode_uses_tensor_cores(num_heads, num_kv_heads, dtype_name(pool.dtype))
+        self.use_tensor_cores = decode_uses_tensor_cores(num_heads, num_kv_heads, str(pool.dtype).removeprefix("torch."))  # float16 / bfloat16
         # FlashInfer asks for a zeroed workspace on first use (its split-KV kernels read regions
         # a forward may not have written).
         self.workspace = torch.zeros(workspace_bytes, dtype=torch.uint8, device=pool.device)

@@ -1,6 +1,6 @@
 """RMSNorm computed in fp32 and cast back, with the fused residual-add form used between layers.
 
-With our C++ CPU kernels set (`kernels`, see runtime/cpu_kernels.py) a 2-D call is one fused op
+With our C++ CPU kernels set (`kernels`, see runtime/execution/cpu_kernels.py) a 2-D call is one fused op
 with the same rounding order (bit-identical in bf16); otherwise, and for other shapes, torch ops.
 """
 

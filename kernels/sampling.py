@@ -34,9 +34,9 @@ from itertools import chain
 
 import torch
 
-from runtime.sampling import SamplingParams
+from runtime.contracts.sampling import SamplingParams
 from kernels.logit_bias import request_bias
-from runtime.transfer import upload, upload_tensor
+from kernels.transfer import upload, upload_tensor
 
 Device = torch.device | str
 _MASK64 = (1 << 64) - 1

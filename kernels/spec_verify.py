@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from kernels.sampling import filter_support
-from runtime.sampling import SamplingParams
+from runtime.contracts.sampling import SamplingParams
 
 
 def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

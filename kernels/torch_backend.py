@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from kernels.base import AttentionBackend, ForwardMetadata
 from kernels.decode_attention import DecodeAttention
-from runtime.kv_pool import KVPool
+from kernels.kv_pool import KVPool
 
 
 def token_slots(meta: ForwardMetadata) -> torch.Tensor:
@@ -47,7 +47,7 @@ class TorchAttentionBackend(AttentionBackend):
 
     def __init__(self, pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int,
                  kernels: ModuleType | None = None) -> None:
-        """`kernels`: our built C++ CPU kernels (`runtime.cpu_kernels`), or None for torch only."""
+        """`kernels`: our built C++ CPU kernels (`runtime.execution.cpu_kernels`), or None for torch only."""
         assert num_heads % num_kv_heads == 0, (num_heads, num_kv_heads)
         self.pool = pool
         self.num_heads = num_heads

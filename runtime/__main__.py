@@ -2,6 +2,6 @@
 
 import sys
 
-from runtime.cli import main
+from tokenizer.cli import main
 
 sys.exit(main())

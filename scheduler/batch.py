@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from runtime.forward_batch import ForwardEntry
-from runtime.model_runner import ForwardResult
+from runtime.execution.forward_batch import ForwardEntry
+from runtime.execution.model_runner import ForwardResult
 from scheduler.request import Req
 
 

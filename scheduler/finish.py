@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from runtime.stop import find_stop, max_stop_len
+from runtime.contracts.stop import find_stop, max_stop_len
 from scheduler.request import Req
 
 # A character can take up to 4 byte-level tokens, so this many tokens always cover a stop string.

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from runtime.grammar_check import GrammarSpec
+from runtime.support.grammar_check import GrammarSpec
 from scheduler.grammar_compile import (
     COMPILE_TIMEOUT_S, GrammarCompileWorker, JsonOptions, compile_spec,
 )

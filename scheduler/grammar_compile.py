@@ -1,4 +1,4 @@
-"""Grammar compilation in a killable helper process (`runtime.worker_process`).
+"""Grammar compilation in a killable helper process (`runtime.support.worker_process`).
 
 xgrammar's compile of a grammar against the tokenizer's vocabulary cannot be interrupted and is
 unbounded for some inputs that pass validation, so it runs in a helper: a compile later than
@@ -16,16 +16,16 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from runtime.errors import InvalidRequest
-from runtime.grammar_check import GrammarSpec, clean_error
-from runtime.worker_process import KillableWorker, serve
+from runtime.contracts.errors import InvalidRequest
+from runtime.support.grammar_check import GrammarSpec, clean_error
+from runtime.support.worker_process import KillableWorker, serve
 
 if TYPE_CHECKING:
     from xgrammar import CompiledGrammar, GrammarCompiler, TokenizerInfo
 
 # A 6-field JSON schema compiles in ~50 ms on the 2-core CPU, a regex in < 1 ms, builtin JSON
 # ~10 ms; validation in the tokenizer process has already rejected grammars that take over
-# `runtime.grammar_check.CHECK_TIMEOUT_S` just to parse.
+# `runtime.support.grammar_check.CHECK_TIMEOUT_S` just to parse.
 COMPILE_TIMEOUT_S = 10.0
 
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from runtime.errors import InvalidRequest
-from runtime.grammar_check import grammar_spec
+from runtime.contracts.errors import InvalidRequest
+from runtime.support.grammar_check import grammar_spec
 from scheduler.request import Req
 
 if TYPE_CHECKING:  # scheduler.grammar imports xgrammar lazily; keep it out of module import

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from runtime.messages import BatchTokenOut
+from runtime.contracts.messages import BatchTokenOut
 from scheduler.request import Req
 
 DECODE_CONTEXT_TOKENS = 5  # prompt tokens the detokenizer decodes as left context

@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from runtime.model_runner import ForwardResult
+from runtime.execution.model_runner import ForwardResult
 from scheduler.batch import ScheduledBatch
 from scheduler.request import needs_history
 from scheduler.scheduler import Scheduler

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from runtime.config import ServerConfig
+from runtime.contracts.config import ServerConfig
 from scheduler.request import Req
 
 MAX_PREEMPTIONS = 3  # per request: beyond it a low-priority request is not preempted again

@@ -15,10 +15,10 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
-from runtime.codec import encode
-from runtime.config import ServerConfig, read_model_json
-from runtime.ipc import IpcDir, PullSocket, PushSocket, new_context
-from runtime.messages import BatchTokenOut, ChildReady, SchedulerCrashed
+from runtime.contracts.codec import encode
+from runtime.contracts.config import ServerConfig, read_model_json
+from runtime.contracts.ipc import IpcDir, PullSocket, PushSocket, new_context
+from runtime.contracts.messages import BatchTokenOut, ChildReady, SchedulerCrashed
 from scheduler.watchdog import Watchdog
 
 logger = logging.getLogger("radixserve.scheduler")
@@ -88,16 +88,16 @@ def build_scheduler(config: ServerConfig, io: Any, ipc_path: str | None = None) 
     With tp_size > 1 this is rank 0: it joins the group through `ipc_path`'s rendezvous file,
     loads its part of the model, and leads the other ranks' forwards from the warm-up on.
     """
-    from runtime.model_runner import ModelRunner
-    from runtime.model_setup import load_model_for_serving
-    from runtime.tokenizer_load import load_tokenizer, tokenizer_source
+    from runtime.execution.model_runner import ModelRunner
+    from runtime.execution.model_setup import load_model_for_serving
+    from runtime.support.tokenizer_load import load_tokenizer, tokenizer_source
     from scheduler.grammar import GrammarBackend
     from scheduler.grammar_queue import GrammarQueue
     from scheduler.overlap import OverlapScheduler
     from scheduler.scheduler import Scheduler
 
     if config.tp_size > 1:
-        from runtime.tp_worker import load_rank
+        from runtime.execution.tp_worker import load_rank
 
         assert ipc_path is not None, "tensor parallelism needs the launch's IPC directory"
         loaded = load_rank(config, ipc_path, 0)
@@ -124,7 +124,7 @@ def build_scheduler(config: ServerConfig, io: Any, ipc_path: str | None = None) 
 
 
 def run_scheduler_process(config: ServerConfig, ipc_path: str, ready_conn: Connection) -> None:
-    from runtime.procutil import configure_child, watch_parent
+    from runtime.support.procutil import configure_child, watch_parent
 
     configure_child(config, "scheduler")
     watch_parent()

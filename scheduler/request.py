@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radix.tree import TreeNode
-from runtime.messages import GenerateReq, TopLogprobs
-from runtime.sampling import SamplingParams
+from runtime.contracts.messages import GenerateReq, TopLogprobs
+from runtime.contracts.sampling import SamplingParams
 
 
 class ReqState(enum.Enum):

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Generic, Protocol, TypeVar
 
-from runtime.messages import CHILD_SUFFIX, AbortReq
+from runtime.contracts.messages import CHILD_SUFFIX, AbortReq
 
 
 class HasRid(Protocol):

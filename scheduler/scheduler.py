@@ -14,9 +14,9 @@ from typing import Any, Protocol
 
 from radix.allocator import KVAllocator
 from radix.prefix_cache import make_prefix_cache
-from runtime.codec import TypeDispatcher
-from runtime.config import ServerConfig
-from runtime.messages import (
+from runtime.contracts.codec import TypeDispatcher
+from runtime.contracts.config import ServerConfig
+from runtime.contracts.messages import (
     AbortReq,
     BatchTokenOut,
     FlushCacheOut,
@@ -26,7 +26,7 @@ from runtime.messages import (
     ShutdownReq,
     StateOut,
 )
-from runtime.model_runner import ForwardResult, ModelRunner
+from runtime.execution.model_runner import ForwardResult, ModelRunner
 from scheduler.batch import ScheduledBatch, record_input_logprobs
 from scheduler.batch_log import BatchLog
 from scheduler.batching import BatchingMixin

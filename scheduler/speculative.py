@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from radix.prefix_cache import BasePrefixCache
-from runtime.config import ServerConfig
+from runtime.contracts.config import ServerConfig
 from scheduler.ngram import NgramIndex
 from scheduler.request import Req, needs_history
 

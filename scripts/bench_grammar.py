@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from kernels import grammar_mask  # noqa: E402
 from kernels.grammar_mask import apply_token_bitmask, apply_token_bitmask_torch  # noqa: E402
-from runtime.grammar_check import GrammarChecker, GrammarSpec  # noqa: E402
+from runtime.support.grammar_check import GrammarChecker, GrammarSpec  # noqa: E402
 from scheduler.grammar import GrammarBackend, allocate_bitmask  # noqa: E402
 
 VOCAB = 49152
@@ -216,7 +216,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     import transformers
 
-    from runtime.default_model import ensure_default_model
+    from runtime.support.default_model import ensure_default_model
 
     tok = transformers.AutoTokenizer.from_pretrained(args.model_path or ensure_default_model())
     t = time.perf_counter()

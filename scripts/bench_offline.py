@@ -135,7 +135,7 @@ def main() -> None:
 
     model_path = args.model_path
     if model_path is None:
-        from runtime.default_model import ensure_default_model
+        from runtime.support.default_model import ensure_default_model
 
         model_path = ensure_default_model()
     vocab = 49152 if args.model_path is None else json.load(open(os.path.join(model_path, "config.json")))["vocab_size"]

@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from runtime.static_batch import StaticBatch  # noqa: E402
+from runtime.execution.static_batch import StaticBatch  # noqa: E402
 
 
 def random_prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:
@@ -72,7 +72,7 @@ def main() -> None:
 
     model_path = args.model_path
     if model_path is None:
-        from runtime.default_model import ensure_default_model
+        from runtime.support.default_model import ensure_default_model
 
         model_path = ensure_default_model()
     max_batch = max(args.batch_size)

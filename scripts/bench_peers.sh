@@ -144,7 +144,7 @@ CPU_FLAGS="$(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2 || true)"
 cpu_has() { [[ " $CPU_FLAGS " == *" $1 "* ]]; }
 NCPU="$(nproc)"
 
-# The dtype radixserve's `--dtype auto` picks (runtime/device.py): bf16 where the CPU computes bf16
+# The dtype radixserve's `--dtype auto` picks (runtime/execution/device.py): bf16 where the CPU computes bf16
 # natively (avx512_bf16 or amx_bf16), fp32 elsewhere, honouring its RADIXSERVE_CPU_CAPABILITY override.
 auto_dtype() {
     case "${RADIXSERVE_CPU_CAPABILITY:-}" in

@@ -92,9 +92,9 @@ def model_folder(root: Path, name: str, dry_run: bool) -> str:
 
 def make_runner(path: str, backend: str, page_size: int, dry_run: bool, max_running: int = 16, kv_tokens: int = 8192):
     """A runner on the GPU (or on CPU in a dry run, "flashinfer" then being the stand-in)."""
-    from runtime.config import ServerConfig
-    from runtime.model_runner import ModelRunner
-    from runtime.model_setup import load_model_for_serving, resolve_config
+    from runtime.contracts.config import ServerConfig
+    from runtime.execution.model_runner import ModelRunner
+    from runtime.execution.model_setup import load_model_for_serving, resolve_config
 
     device = "cpu" if dry_run else "cuda"
     dtype = "float32" if dry_run else "bfloat16"
@@ -132,8 +132,8 @@ def check_backends(report: Report, root: Path, dry_run: bool) -> None:
 def _decode(runner, batch: int, steps: int) -> tuple[list[list[int]], list[torch.Tensor]]:
     """Greedy decode of `batch` requests (prompt 16 tokens each) for `steps` steps: each row's
     tokens, and each decode step's fp32 logits [batch, vocab] (on the CPU)."""
-    from runtime.forward_batch import ForwardEntry
-    from runtime.sampling import SamplingParams
+    from runtime.execution.forward_batch import ForwardEntry
+    from runtime.contracts.sampling import SamplingParams
 
     greedy = SamplingParams(temperature=0.0)
     region = 16 + steps + 1
@@ -202,7 +202,7 @@ def _count_replays(runner) -> dict[str, int]:
 
 def measure_decode(report: Report, root: Path, dry_run: bool) -> None:
     """Decode tokens/s per batch size with graphs on and off, and the GPU's idle share between steps."""
-    from runtime.forward_batch import ForwardEntry
+    from runtime.execution.forward_batch import ForwardEntry
 
     path = model_folder(root, "llama-3.2-1b", dry_run)
     batches = (1, 4) if dry_run else DECODE_BATCHES
@@ -228,7 +228,7 @@ def measure_decode(report: Report, root: Path, dry_run: bool) -> None:
 
 
 def _timed_decode(runner, batch: int, ctx: int, region: int, steps: int) -> dict[str, float]:
-    from runtime.forward_batch import ForwardEntry
+    from runtime.execution.forward_batch import ForwardEntry
 
     cuda = runner.device.type == "cuda"
     events = []

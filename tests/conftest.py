@@ -103,7 +103,7 @@ def _grouped_server(items: list[pytest.Item]) -> str | None:
 @pytest.fixture(scope="session")
 def default_model_path() -> str:
     """Path of the default model's Hugging Face folder (converted on first use, ~30 s)."""
-    from runtime.default_model import ensure_default_model
+    from runtime.support.default_model import ensure_default_model
 
     return ensure_default_model()
 

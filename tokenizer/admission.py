@@ -15,7 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from runtime.errors import InvalidRequest, Overloaded
+from runtime.contracts.errors import InvalidRequest, Overloaded
 from tokenizer.generate_body import SingleRequest
 
 OFFLOAD_TOKENIZE_CHARS = 4096  # prompt text from which encoding leaves the event loop

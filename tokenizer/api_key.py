@@ -10,9 +10,9 @@ server meant to need a key must not silently run without one. The key then lives
 
 from __future__ import annotations
 
-from runtime import env
-from runtime.config import ServerConfig
-from runtime.errors import InvalidRequest
+from runtime.contracts import env
+from runtime.contracts.config import ServerConfig
+from runtime.contracts.errors import InvalidRequest
 
 
 def read_key_file(path: str) -> str:

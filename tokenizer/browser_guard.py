@@ -38,7 +38,7 @@ from typing import NamedTuple
 
 from aiohttp import web
 
-from runtime.config import ServerConfig
+from runtime.contracts.config import ServerConfig
 from tokenizer.errors import Handler, HTTPError, Middleware
 
 ALLOW_METHODS = "GET, POST, PUT, OPTIONS"

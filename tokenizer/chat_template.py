@@ -34,14 +34,23 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
-from runtime.errors import InvalidRequest, Overloaded
-from runtime.worker_process import KillableWorker, serve
+from runtime.contracts.errors import InvalidRequest, Overloaded
+from runtime.support.worker_process import KillableWorker, serve
 from tokenizer.openai.json_bounds import lone_surrogate_at
 
-if TYPE_CHECKING:
-    from tokenizer.manager import TokenizerManager
+
+
+
+class Templater(Protocol):
+    """What rendering needs from the TokenizerManager (which imports this module)."""
+
+    tokenizer: Any
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                            **template_vars: Any) -> str: ...
+
 
 RENDER_TIMEOUT_S = 5.0  # one render; typical ones take well under 10 ms
 RENDER_THREADS = 2
@@ -91,7 +100,7 @@ class RequestTemplate(NamedTuple):
     param: str
 
 
-async def render_chat(tm: TokenizerManager, messages: list[dict[str, Any]],
+async def render_chat(tm: Templater, messages: list[dict[str, Any]],
                       tools: list[dict[str, Any]] | None, variables: dict[str, Any],
                       template: RequestTemplate | None = None,
                       timeout_s: float = RENDER_TIMEOUT_S) -> str:
@@ -132,7 +141,7 @@ async def _in_thread(job: Callable[[], str], timeout_s: float) -> str:
                              "messages", param="messages") from None
 
 
-def _render_own(tm: TokenizerManager, messages: list[dict[str, Any]],
+def _render_own(tm: Templater, messages: list[dict[str, Any]],
                 tools: list[dict[str, Any]] | None, variables: dict[str, Any]) -> str:
     try:
         text = tm.apply_chat_template(messages, tools=tools, **variables)

@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from runtime.errors import InvalidRequest, Overloaded, RuntimeCrashed
+from runtime.contracts.errors import InvalidRequest, Overloaded, RuntimeCrashed
 
 logger = logging.getLogger("radixserve.http")
 

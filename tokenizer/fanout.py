@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from runtime.messages import GenerateReq
+from runtime.contracts.messages import GenerateReq
 from tokenizer.generate_body import SingleRequest
 
 WARMUP_SUFFIX = "_warmup"  # NOTE: "_"-separated, so aborting the parent rid aborts it too

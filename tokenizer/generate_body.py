@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from runtime.errors import InvalidRequest
+from runtime.contracts.errors import InvalidRequest
 
 
 @dataclass(slots=True)

@@ -24,8 +24,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from runtime.config import ServerConfig
-from runtime.errors import InvalidRequest
+from runtime.contracts.config import ServerConfig
+from runtime.contracts.errors import InvalidRequest
 from tokenizer import browser_guard, native_api, openapi, token_routes
 from tokenizer.api_key import resolve_api_key
 from tokenizer.errors import HTTPError, Handler, auth_middleware, error_middleware, error_response
@@ -225,7 +225,7 @@ async def openapi_document(request: web.Request) -> web.StreamResponse:
 def serve(config: ServerConfig) -> int:
     """Resolve the config, launch the runtime and serve until SIGTERM/SIGINT (exit 0 after a
     drain) or a runtime failure (exit 1); exit 2 when the API key cannot be read.
-    `runtime.cli` calls this for `radixserve serve`."""
+    `tokenizer.cli` calls this for `radixserve serve`."""
     from tokenizer.lifecycle import run
 
     try:
@@ -236,7 +236,21 @@ def serve(config: ServerConfig) -> int:
     return run(config, create_app)
 
 
-if __name__ == "__main__":  # `python -m tokenizer.http_server ARGS` is `radixserve serve ARGS`
-    from runtime.cli import main
+def main(argv: list[str]) -> int:
+    """`python -m tokenizer.http_server ARGS`: `radixserve serve ARGS` (the same flags, from
+    `ServerConfig`), without importing the CLI module that imports this one."""
+    import argparse
 
-    sys.exit(main(["serve", *sys.argv[1:]]))
+    from runtime.contracts.config import add_cli_arguments, config_from_args
+
+    parser = argparse.ArgumentParser(prog="python -m tokenizer.http_server")
+    add_cli_arguments(parser)
+    try:
+        config = config_from_args(parser.parse_args(argv))
+    except InvalidRequest as exc:
+        parser.error(str(exc))
+    return serve(config)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

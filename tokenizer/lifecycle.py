@@ -21,10 +21,10 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from runtime.config import ServerConfig
-from runtime.errors import InvalidRequest
-from runtime.launch import LaunchError, Runtime, launch_runtime_with
-from runtime.procutil import configure_logging
+from runtime.contracts.config import ServerConfig
+from runtime.contracts.errors import InvalidRequest
+from tokenizer.launch import LaunchError, Runtime, launch_runtime_with
+from runtime.support.procutil import configure_logging
 from tokenizer.server_state import Phase, ServerState
 
 logger = logging.getLogger("radixserve.server")
@@ -48,7 +48,7 @@ AppFactory = Callable[[ServerState], web.Application]
 
 def run(config: ServerConfig, app_factory: AppFactory) -> int:
     """Serve until stopped; returns the process exit code."""
-    from runtime.model_setup import resolve_config
+    from runtime.execution.model_setup import resolve_config
 
     configure_logging(config.log_level, "server")
     try:
@@ -104,7 +104,7 @@ class ServerProcess:
     # ------------------------------------------------------------ start
 
     async def _start_runtime(self) -> bool:
-        from runtime.tokenizer_load import load_tokenizer, tokenizer_source
+        from runtime.support.tokenizer_load import load_tokenizer, tokenizer_source
         from tokenizer.manager import TokenizerManager
 
         loop = asyncio.get_running_loop()

@@ -3,16 +3,16 @@
 Each failure is an `InvalidRequest` naming the field, so the HTTP layer answers 400 and nothing
 reaches the scheduler: sampling values, token ids inside the vocabulary, the context length, the
 KV pool, the server's caps on `n` and `top_logprobs_num`, and (asynchronously, built in a guarded
-worker process, see `runtime.grammar_check`) the grammar.
+worker process, see `runtime.support.grammar_check`) the grammar.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runtime.errors import InvalidRequest
-from runtime.grammar_check import grammar_spec, validate_grammar_async
-from runtime.sampling import SamplingParams
+from runtime.contracts.errors import InvalidRequest
+from runtime.support.grammar_check import grammar_spec, validate_grammar_async
+from runtime.contracts.sampling import SamplingParams
 from tokenizer.generate_body import SingleRequest
 
 

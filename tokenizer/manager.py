@@ -24,15 +24,15 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
-from runtime.codec import TypeDispatcher
-from runtime.config import ServerConfig
-from runtime.errors import InvalidRequest, Overloaded, RuntimeCrashed
-from runtime.ipc import AsyncPullSocket, IpcDir, PushSocket, new_context
-from runtime.messages import (
+from runtime.contracts.codec import TypeDispatcher
+from runtime.contracts.config import ServerConfig
+from runtime.contracts.errors import InvalidRequest, Overloaded, RuntimeCrashed
+from runtime.contracts.ipc import AsyncPullSocket, IpcDir, PushSocket, new_context
+from runtime.contracts.messages import (
     FAILED_KEY, AbortReq, BatchStrOut, FlushCacheOut, FlushCacheReq, GenerateReq, GetStateReq,
     SchedulerCrashed, StateOut,
 )
-from runtime.sampling import SamplingParams
+from runtime.contracts.sampling import SamplingParams
 from tokenizer.admission import PromptEncoder, check_admission
 from tokenizer.fanout import WARMUP_SUFFIX, Prepared
 from tokenizer.generate_body import SingleRequest, normalize_generate
@@ -57,7 +57,7 @@ class TokenizerManager:
     def __init__(
         self, config: ServerConfig, ipc_path: str, scheduler_info: dict[str, Any], tokenizer: Any = None
     ) -> None:
-        from runtime.tokenizer_load import load_tokenizer, tokenizer_source
+        from runtime.support.tokenizer_load import load_tokenizer, tokenizer_source
 
         self.config = config
         self.scheduler_info = scheduler_info
@@ -68,7 +68,7 @@ class TokenizerManager:
             kv_total=scheduler_info.get("max_total_tokens"), max_n=config.max_n,
             max_top_logprobs=config.max_top_logprobs,
         )
-        # NOTE: the launcher loads it while the children start (`runtime.launch.launch_runtime_with`).
+        # NOTE: the launcher loads it while the children start (`tokenizer.launch.launch_runtime_with`).
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(tokenizer_source(config))
         ipc = IpcDir(ipc_path)
         self._ctx = new_context()

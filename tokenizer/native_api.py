@@ -12,8 +12,8 @@ import contextlib
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from runtime.config import read_model_json
-from runtime.errors import InvalidRequest
+from runtime.contracts.config import read_model_json
+from runtime.contracts.errors import InvalidRequest
 from tokenizer.metrics import HEALTH_RID_PREFIX
 from tokenizer.streaming import last_result
 

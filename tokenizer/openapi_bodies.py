@@ -1,6 +1,6 @@
 """Request-body schemas of the OpenAPI document (`tokenizer/openapi.py`), built from the tables
 the validators use so that they cannot drift from them:
-  - `sampling_params`: the fields of `runtime.sampling.SamplingParams` (plus `sampling_seed`),
+  - `sampling_params`: the fields of `runtime.contracts.sampling.SamplingParams` (plus `sampling_seed`),
     typed from their annotations; `SamplingParams.validate`'s ranges are `_sampling_bounds`
     (tests hold both to the validator);
   - OpenAI bodies: the fields of `protocol.COMPLETION_FIELDS` / `CHAT_FIELDS` and
@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
-from runtime.sampling import (
+from runtime.contracts.sampling import (
     MAX_LOGIT_BIAS, MAX_LOGIT_BIAS_ENTRIES, MAX_STOP_STR_CHARS, MAX_STOP_STRS, MAX_STOP_TOKEN_IDS,
     SamplingParams,
 )

@@ -1,6 +1,6 @@
 """The main process's record of one request (`ReqState`), folded from the detokenizer's
 `BatchStrOut` entries into SGLang's result dict (`build_output`), the wake-up `Group` of one
-generate call, and the logprob shapes of responses: the wire's (runtime/messages.py) turned into
+generate call, and the logprob shapes of responses: the wire's (runtime/contracts/messages.py) turned into
 SGLang's `[[logprob, token_id, text_or_None], ...]` lists. No sockets: the TokenizerManager
 owns those.
 
@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.messages import BatchStrOut, GenerateReq
+from runtime.contracts.messages import BatchStrOut, GenerateReq
 from tokenizer.admission import OFFLOAD_DECODE_IDS
 
 logger = logging.getLogger("radixserve.tokenizer")

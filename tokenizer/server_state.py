@@ -19,8 +19,8 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from runtime.config import ServerConfig
-from runtime.errors import RuntimeCrashed
+from runtime.contracts.config import ServerConfig
+from runtime.contracts.errors import RuntimeCrashed
 from tokenizer.errors import HTTPError
 from tokenizer.metrics import ServerMetrics, kv_usage
 

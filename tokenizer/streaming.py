@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import orjson
 from aiohttp import web
 
-from runtime.errors import InvalidRequest
+from runtime.contracts.errors import InvalidRequest
 from tokenizer.errors import classify, error_body
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime.errors import InvalidRequest
+from runtime.contracts.errors import InvalidRequest
 from tokenizer.server_state import ServerState
 
 # A long context's worth of ids: more than any prompt or output this server can hold, and

@@ -6,15 +6,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from runtime.errors import UnsupportedModel
+from runtime.contracts.errors import UnsupportedModel
 from runtime.models.base import CausalLM
-from runtime.models.config import ModelConfig
+from runtime.contracts.model_config import ModelConfig
 from runtime.models.llama import LlamaForCausalLM
 from runtime.models.qwen2 import Qwen2ForCausalLM
 from runtime.models.qwen3 import Qwen3ForCausalLM
 
 if TYPE_CHECKING:
-    from runtime.tp_group import TensorParallel
+    from runtime.parallel.group import TensorParallel
 
 MODEL_REGISTRY: dict[str, type[CausalLM]] = {
     arch: cls for cls in (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM) for arch in cls.architectures

@@ -7,7 +7,7 @@ gate_up -> SiLU(gate) * up -> down. Activations (and rotary, as in HF) are in th
 Parameter names follow the HF checkpoint's, except the fused `qkv_proj` (q, k, v rows) and
 `gate_up_proj` (gate, up rows), which `load_weights` fills shard by shard.
 
-Tensor parallelism (`tp`, see runtime/models/sharding.py): every module is built with this
+Tensor parallelism (`tp`, see runtime/parallel/sharding.py): every module is built with this
 rank's shapes (`ShardPlan.local_config`), `load_weights` cuts each checkpoint tensor to this
 rank's part, and three collectives join the ranks: an all-reduce after o_proj and after
 down_proj (row-parallel), one after the vocab-parallel embedding lookup, and a gather of the
@@ -28,11 +28,11 @@ from kernels.base import AttentionBackend
 from kernels.linear import Linear
 from kernels.norm import RMSNorm
 from kernels.rotary import RotaryEmbedding, RotaryRows
-from runtime.errors import UnsupportedModel
-from runtime.models.config import ModelConfig
+from runtime.contracts.errors import UnsupportedModel
+from runtime.contracts.model_config import ModelConfig
 
 if TYPE_CHECKING:
-    from runtime.tp_group import TensorParallel
+    from runtime.parallel.group import TensorParallel
 
 # Checkpoint tensors that carry no weights (precomputed rotary buffers of old exports).
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")

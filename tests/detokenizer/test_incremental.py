@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from detokenizer.incremental import DecodeOptions, DecodeState, DecodeStateTable
-from runtime.stop import find_stop, max_stop_len, partial_stop_suffix_len
+from runtime.contracts.stop import find_stop, max_stop_len, partial_stop_suffix_len
 
 FFFD = "\ufffd"
 IM_START, IM_END = 1, 2

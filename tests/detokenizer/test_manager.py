@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from detokenizer.manager import DetokenizerManager
-from runtime.messages import BatchTokenOut
+from runtime.contracts.messages import BatchTokenOut
 
 IM_END = 2  # SmolLM2's <|im_end|>, a special token
 
@@ -107,7 +107,7 @@ def test_decode_prefix_and_empty_abort(tokenizer: Any) -> None:
 def test_an_inconsistent_request_fails_alone_and_the_process_goes_on(tokenizer: Any) -> None:
     """A rid twice in one step (the first entry final), and an id the tokenizer cannot decode:
     those requests end with finish_reason abort and FAILED_KEY; the others decode as usual."""
-    from runtime.messages import FAILED_KEY
+    from runtime.contracts.messages import FAILED_KEY
 
     mgr = DetokenizerManager(tokenizer)
     hello = tokenizer.encode("Hello")

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from runtime.forward_batch import ForwardEntry
+from runtime.execution.forward_batch import ForwardEntry
 
 REGION = 256  # KV slots per request (rows never share slots unless a scenario says so)
 

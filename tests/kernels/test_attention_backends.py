@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from kernels.base import ForwardMetadata
 from kernels.torch_backend import TorchAttentionBackend
-from runtime.kv_pool import KVPool
+from kernels.kv_pool import KVPool
 
 HEADS, KV_HEADS, DIM, LAYERS = 6, 2, 16, 2
 
@@ -46,10 +46,10 @@ def _kernels(use: bool):
     """Our built C++ kernels (a hard requirement: make setup builds them), or None."""
     if not use:
         return None
-    from runtime.cpu_kernels import load_cpu_kernels
+    from runtime.execution.cpu_kernels import load_cpu_kernels
 
     kernels = load_cpu_kernels()
-    assert kernels is not None, "the C++ CPU kernels are not built: run `python -m runtime.cpu_kernels build`"
+    assert kernels is not None, "the C++ CPU kernels are not built: run `python -m runtime.execution.cpu_kernels build`"
     return kernels
 
 

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from kernels.norm import RMSNorm
 from kernels.rotary import RotaryEmbedding
-from runtime.cpu_kernels import load_cpu_kernels
+from runtime.execution.cpu_kernels import load_cpu_kernels
 
 DTYPES = [torch.float32, torch.bfloat16]
 
@@ -23,7 +23,7 @@ DTYPES = [torch.float32, torch.bfloat16]
 @pytest.fixture(scope="module")
 def kernels():
     module = load_cpu_kernels()
-    assert module is not None, "the C++ CPU kernels are not built: run `python -m runtime.cpu_kernels build`"
+    assert module is not None, "the C++ CPU kernels are not built: run `python -m runtime.execution.cpu_kernels build`"
     return module
 
 
@@ -94,7 +94,7 @@ def test_rotary_on_strided_rows(kernels, dtype: torch.dtype) -> None:
 def test_model_with_kernels_matches_without(default_model_path: str, dtype: str, tol: float) -> None:
     """One loaded model, run with its kernels and then with them switched off (a model load
     costs more than the forwards; the weights are the same either way)."""
-    from runtime.static_batch import StaticBatch
+    from runtime.execution.static_batch import StaticBatch
 
     prompt = list(range(200, 260))
     engine = StaticBatch.create(default_model_path, dtype=dtype, max_total_tokens=512, max_running_requests=2)

@@ -8,8 +8,8 @@ import stat
 import pytest
 
 from kernels.flashinfer_support import decode_uses_tensor_cores, find_nvcc, jit_problem, unsupported_dtype
-from runtime.device import choose_attention_backend
-from runtime.errors import InvalidRequest
+from runtime.execution.device import choose_attention_backend
+from runtime.contracts.errors import InvalidRequest
 
 
 @pytest.mark.parametrize("heads,kv_heads,kv_dtype,expected", [

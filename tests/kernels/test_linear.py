@@ -1,6 +1,6 @@
 """The linear layer agrees with F.linear for every row count, in fp32 and bf16, on this CPU.
 
-Where the CPU computes a dtype natively (`runtime.device.should_prepack`) the weight is prepacked
+Where the CPU computes a dtype natively (`runtime.execution.device.should_prepack`) the weight is prepacked
 with oneDNN; elsewhere (bf16 on an AVX2-only CPU) the plain path runs and gives the same numbers.
 `tests/runtime/test_device.py` reruns this file with the AVX2 CPU emulated.
 """
@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.linear import Linear, pack_weight
-from runtime.device import cpu_capability, should_prepack
+from runtime.execution.device import cpu_capability, should_prepack
 
 CPU = torch.device("cpu")
 

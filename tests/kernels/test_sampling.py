@@ -14,7 +14,7 @@ from kernels.sampling import (
     mix_seed,
     sample,
 )
-from runtime.sampling import SamplingParams as SP
+from runtime.contracts.sampling import SamplingParams as SP
 
 
 def run(params, logits, outs=None, stop_ids=None, generator=None, **kw):

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from kernels.spec_verify import verify_drafts
-from runtime.sampling import SamplingParams
+from runtime.contracts.sampling import SamplingParams
 
 DRAWS = 3000
 VOCAB = 12

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field, fields
 from multiprocessing.connection import Connection
 from typing import Any
 
-from runtime.codec import TypeDispatcher, encode
-from runtime.config import ServerConfig, read_model_json
-from runtime.messages import (
+from runtime.contracts.codec import TypeDispatcher, encode
+from runtime.contracts.config import ServerConfig, read_model_json
+from runtime.contracts.messages import (
     AbortReq, BatchTokenOut, ChildReady, FlushCacheOut, FlushCacheReq, GenerateReq, GetStateReq,
     SchedulerCrashed, ShutdownReq, StateOut,
 )
@@ -178,7 +178,7 @@ def scheduler_info(config: ServerConfig) -> dict[str, Any]:
 
 def run_fake_scheduler(config: ServerConfig, ipc_path: str, ready_conn: Connection) -> None:
     """Entry point with `scheduler.process.run_scheduler_process`'s contract."""
-    from runtime.procutil import configure_child, watch_parent
+    from runtime.support.procutil import configure_child, watch_parent
 
     configure_child(config, "fake-scheduler")
     watch_parent()
@@ -202,7 +202,7 @@ def run_dying_scheduler(config: ServerConfig, ipc_path: str, ready_conn: Connect
 
 def orphan_leaf() -> None:
     """A child that only watches its parent (the parent-death test's grandchild)."""
-    from runtime.procutil import watch_parent
+    from runtime.support.procutil import watch_parent
 
     watch_parent()
     time.sleep(60)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from multiprocessing.connection import Connection
 
-from runtime.config import ServerConfig
+from runtime.contracts.config import ServerConfig
 
 FAULT_PROMPT = [7, 7, 7, 7]
 FAULT_MESSAGE = "injected fault in the model forward"
@@ -19,7 +19,7 @@ HANG_PROMPT = [8, 8, 8, 8]
 
 
 def run_faulty_scheduler(config: ServerConfig, ipc_path: str, ready_conn: Connection) -> None:
-    from runtime.model_runner import ForwardEntry, ForwardResult, ModelRunner
+    from runtime.execution.model_runner import ForwardEntry, ForwardResult, ModelRunner
     from scheduler.process import run_scheduler_process
 
     real_forward = ModelRunner.forward

@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 
 from kernels import cpu_ext
-from runtime import cpu_kernels
+from runtime.execution import cpu_kernels
 
 
 def test_setup_built_the_kernels_for_this_machine() -> None:
     cpu_kernels.load_cpu_kernels.cache_clear()
     module = cpu_kernels.load_cpu_kernels()
-    assert module is not None, "make setup builds them: python -m runtime.cpu_kernels build"
+    assert module is not None, "make setup builds them: python -m runtime.execution.cpu_kernels build"
     assert hasattr(module, "decode_attention")
     assert Path(module.__file__).parent == cpu_kernels.kernels_dir()
 

@@ -1,5 +1,5 @@
 """The embedded default model (real conversion, shared per machine) and its conversion machinery
-(with a fake converter in a private cache dir), plus `runtime.env` and the CLI's model-path."""
+(with a fake converter in a private cache dir), plus `runtime.contracts.env` and the CLI's model-path."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from runtime import default_model, env
-from runtime.cli import main as cli_main
-from runtime.default_model import DEFAULT_MODEL_NAME, REQUIRED_FILES, ensure_default_model
+from runtime.support import default_model
+
+from runtime.contracts import env
+from tokenizer.cli import main as cli_main
+from runtime.support.default_model import DEFAULT_MODEL_NAME, REQUIRED_FILES, ensure_default_model
 
 
 # ---- the real converted model ------------------------------------------------------------------
@@ -181,7 +183,7 @@ def test_older_recipe_is_rebuilt(fake_cache: dict[str, int], monkeypatch: pytest
     assert fake_cache["n"] == 2
 
 
-# ---- runtime.env ---------------------------------------------------------------------------------
+# ---- runtime.contracts.env ---------------------------------------------------------------------------------
 
 def test_env_defaults_and_parsing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("RADIXSERVE_CACHE_DIR", raising=False)

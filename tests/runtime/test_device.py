@@ -3,7 +3,7 @@
 The decision functions are pure over their readings, so every CPU's branch is checked here on
 any CPU. What depends on the real hardware is asserted for the CPU the test runs on, and on a CPU
 with native bf16 the AVX2 branch runs as well, in a subprocess with torch and oneDNN limited to
-AVX2 (`runtime.device.emulation_env`), which reproduces that CPU's behaviour (oneDNN refuses
+AVX2 (`runtime.execution.device.emulation_env`), which reproduces that CPU's behaviour (oneDNN refuses
 to pack bf16; bf16 matmuls are emulated).
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.device import (
+from runtime.execution.device import (
     CpuCapability,
     cpu_capability,
     detect_cpu_capability,
@@ -124,8 +124,8 @@ def test_this_cpu_reading_matches_cpuinfo():
 
 def test_resolved_default_config_uses_the_native_dtype(default_model_path):
     """The default model (a bf16 checkpoint) served with `--dtype auto` on this CPU."""
-    from runtime.config import ServerConfig
-    from runtime.model_setup import resolve_config
+    from runtime.contracts.config import ServerConfig
+    from runtime.execution.model_setup import resolve_config
 
     resolved = resolve_config(ServerConfig(model_path=default_model_path, device="cpu"))
     want = "bfloat16" if cpu_capability().native_bf16 else "float32"
@@ -154,14 +154,14 @@ def test_avx2_branch_runs_in_emulation():
     env = {**os.environ, **emulation_env("avx2")}
     env.pop("RADIXSERVE_CPU_CAPABILITY", None)
     # One interpreter for all of it, so torch imports once: the build command (`python -m
-    # runtime.cpu_kernels build`, whose last line is the module's path), the probe's line, then
+    # runtime.execution.cpu_kernels build`, whose last line is the module's path), the probe's line, then
     # the CPU-dependent tests in pytest.
     args = ["-q", "-p", "no:cacheprovider", *AVX2_TESTS, "-k", "not avx2_branch_runs"]
     script = ("import runpy, sys, pytest\n"
-              "sys.argv = ['runtime.cpu_kernels', 'build']\n"
-              "runpy.run_module('runtime.cpu_kernels', run_name='__main__')\n"
-              "from runtime.device import cpu_capability as c\n"
-              "from runtime.cpu_kernels import load_cpu_kernels as k\n"
+              "sys.argv = ['runtime.execution.cpu_kernels', 'build']\n"
+              "runpy.run_module('runtime.execution.cpu_kernels', run_name='__main__')\n"
+              "from runtime.execution.device import cpu_capability as c\n"
+              "from runtime.execution.cpu_kernels import load_cpu_kernels as k\n"
               "print('probe:', c().native_bf16, c().isa, k() is not None, flush=True)\n"
               f"sys.exit(pytest.main({args!r}))\n")
     run = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT, capture_output=True, text=True,
@@ -181,8 +181,8 @@ def test_avx2_branch_runs_in_emulation():
 
 
 def test_threads_are_shared_out_among_cpu_ranks() -> None:
-    from runtime.config import ServerConfig
-    from runtime.device import threads_per_rank
+    from runtime.contracts.config import ServerConfig
+    from runtime.execution.device import threads_per_rank
 
     cores = os.cpu_count() or 1
     assert threads_per_rank(ServerConfig(device="cpu")) is None  # torch's default: every core
@@ -192,9 +192,9 @@ def test_threads_are_shared_out_among_cpu_ranks() -> None:
 
 
 def test_resolve_refuses_a_split_the_model_cannot_take(default_model_path: str) -> None:
-    from runtime.config import ServerConfig
-    from runtime.errors import InvalidRequest
-    from runtime.model_setup import resolve_config
+    from runtime.contracts.config import ServerConfig
+    from runtime.contracts.errors import InvalidRequest
+    from runtime.execution.model_setup import resolve_config
 
     with pytest.raises(InvalidRequest) as err:  # the default model has 9 attention heads
         resolve_config(ServerConfig(model_path=default_model_path, device="cpu", tp_size=16))

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 import pytest
 
 from runtime import Engine
-from runtime.errors import RuntimeCrashed
+from runtime.contracts.errors import RuntimeCrashed
 from tests.engine_checks import assert_idle_and_sound
 from tests.runtime import chat_reference
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.forward_batch import UPLOADED, ForwardEntry, cumsum, plan_batch
+from runtime.execution.forward_batch import UPLOADED, ForwardEntry, cumsum, plan_batch
 
 WIDTH = 100  # request-table width
 

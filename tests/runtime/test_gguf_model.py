@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from runtime.config import ServerConfig
-from runtime.default_model import gguf_path
-from runtime.errors import InvalidRequest
-from runtime.gguf_model import ensure_gguf_folder, gguf_folder, is_gguf_path
-from runtime.model_setup import resolve_config
+from runtime.contracts.config import ServerConfig
+from runtime.support.default_model import gguf_path
+from runtime.contracts.errors import InvalidRequest
+from runtime.execution.gguf_model import ensure_gguf_folder, gguf_folder, is_gguf_path
+from runtime.execution.model_setup import resolve_config
 
 
 def test_is_gguf_path() -> None:

@@ -13,7 +13,7 @@ import pytest
 import torch
 import transformers
 
-from runtime.static_batch import StaticBatch
+from runtime.execution.static_batch import StaticBatch
 from tests.runtime import chat_reference
 
 PROMPT_LENS = [5, 17, 9, 30]

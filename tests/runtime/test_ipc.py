@@ -9,10 +9,10 @@ import stat
 
 import pytest
 
-from runtime import ipc
-from runtime.ipc import AsyncPullSocket, IpcDir, PullSocket, PushSocket
-from runtime.messages import AbortReq, BatchStrOut, FlushCacheReq, GenerateReq, ShutdownReq
-from runtime.sampling import SamplingParams
+from runtime.contracts import ipc
+from runtime.contracts.ipc import AsyncPullSocket, IpcDir, PullSocket, PushSocket
+from runtime.contracts.messages import AbortReq, BatchStrOut, FlushCacheReq, GenerateReq, ShutdownReq
+from runtime.contracts.sampling import SamplingParams
 
 
 @pytest.fixture

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from runtime.config import ServerConfig
-from runtime.engine import Engine
-from runtime.errors import RuntimeCrashed
-from runtime.launch import LaunchError, launch_runtime
-from runtime import launch
+from runtime.contracts.config import ServerConfig
+from tokenizer.engine import Engine
+from runtime.contracts.errors import RuntimeCrashed
+from tokenizer.launch import LaunchError, launch_runtime
+from tokenizer import launch
 from scheduler.watchdog import WATCHDOG_EXIT_CODE
 from tests.runtime.faulty_scheduler import FAULT_MESSAGE, FAULT_PROMPT, HANG_PROMPT, run_faulty_scheduler
 from tests.runtime.fake_scheduler import (
@@ -43,7 +43,7 @@ def private_tmp(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
 def config(default_model_path: str) -> ServerConfig:
     """Small context and KV pool: these tests send a few short requests, and the CPU default pool
     (65536 tokens, 1.5 GB in bf16) would cost each real scheduler start about a second to zero."""
-    from runtime.model_setup import resolve_config
+    from runtime.execution.model_setup import resolve_config
 
     return resolve_config(ServerConfig(model_path=default_model_path, context_length=256, max_total_tokens=4096))
 
@@ -190,7 +190,7 @@ def test_children_exit_when_their_parent_dies() -> None:
 
 
 def test_import_runtime_is_lazy() -> None:
-    code = ("import sys, runtime, runtime.launch, tokenizer.generate_body, tokenizer.request_state, detokenizer.manager\n"
+    code = ("import sys, runtime, tokenizer.launch, tokenizer.generate_body, tokenizer.request_state, detokenizer.manager\n"
             "assert 'torch' not in sys.modules and 'transformers' not in sys.modules\n"
             "from runtime import Engine\n"
             "assert Engine.__name__ == 'Engine'\n")

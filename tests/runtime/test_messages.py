@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from runtime import codec
-from runtime.codec import CodecError, TypeDispatcher, decode, encode
-from runtime.messages import (
+from runtime.contracts import codec
+from runtime.contracts.codec import CodecError, TypeDispatcher, decode, encode
+from runtime.contracts.messages import (
     MESSAGE_TYPES,
     AbortReq,
     BatchStrOut,
@@ -27,7 +27,7 @@ from runtime.messages import (
     TPStop,
     message,
 )
-from runtime.sampling import SamplingParams
+from runtime.contracts.sampling import SamplingParams
 
 
 def _params() -> SamplingParams:

@@ -11,10 +11,10 @@ import torch.nn.functional as F
 import transformers
 
 from kernels.base import AttentionBackend, ForwardMetadata
-from runtime.errors import UnsupportedModel
+from runtime.contracts.errors import UnsupportedModel
 from runtime.models import MODEL_REGISTRY, ModelConfig, build_model
-from runtime.models.config import ARCHITECTURES
-from runtime.weights import load_model
+from runtime.contracts.model_config import ARCHITECTURES
+from runtime.execution.weights import load_model
 
 CPU = torch.device("cpu")
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -118,7 +118,7 @@ def test_unpacked_equals_packed(checkpoints):
     cfg = model_config(path)
     packed = load_model(str(path), cfg, torch.float32, CPU)
     plain = build_model(cfg, torch.float32, CPU)
-    from runtime.weights import iter_safetensors
+    from runtime.execution.weights import iter_safetensors
 
     plain.load_weights(iter_safetensors(str(path)))
     ids = torch.arange(30) % TINY["vocab_size"]
@@ -135,7 +135,7 @@ def test_tied_and_untied(checkpoints):
     # Tied: no lm_head tensor is needed, and the packed lm_head leaves the embedding in place.
     assert tied.model.embed_tokens.weight.shape == (TINY["vocab_size"], TINY["hidden_size"])
     # Untied: lm_head.weight is required.
-    from runtime.weights import iter_safetensors
+    from runtime.execution.weights import iter_safetensors
 
     tensors = [(n, t) for n, t in iter_safetensors(str(untied_path)) if n != "lm_head.weight"]
     with pytest.raises(ValueError, match="lm_head.weight"):
@@ -144,7 +144,7 @@ def test_tied_and_untied(checkpoints):
 
 def test_unknown_and_missing_weights(checkpoints):
     path, _ = checkpoints["qwen3"]
-    from runtime.weights import iter_safetensors
+    from runtime.execution.weights import iter_safetensors
 
     tensors = list(iter_safetensors(str(path)))
     model = build_model(model_config(path), torch.float32, CPU)

@@ -29,7 +29,7 @@ import pytest
 import torch
 
 import kernels.linear
-from runtime.static_batch import StaticBatch
+from runtime.execution.static_batch import StaticBatch
 
 pytestmark = pytest.mark.slow
 

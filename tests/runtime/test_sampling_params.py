@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from runtime.errors import InvalidRequest
-from runtime.sampling import MAX_STOP_STRS, SamplingParams
+from runtime.contracts.errors import InvalidRequest
+from runtime.contracts.sampling import MAX_STOP_STRS, SamplingParams
 
 SGLANG_DEFAULTS = {
     "max_new_tokens": 128, "stop": None, "stop_token_ids": None, "temperature": 1.0,

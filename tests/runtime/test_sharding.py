@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 import torch
 
-from runtime.errors import InvalidRequest
-from runtime.models.config import ModelConfig
-from runtime.models.sharding import ShardPlan, check_shardable, even_split
+from runtime.contracts.errors import InvalidRequest
+from runtime.contracts.model_config import ModelConfig
+from runtime.parallel.sharding import ShardPlan, check_shardable, even_split
 
 BASE = ModelConfig(
     architecture="LlamaForCausalLM", hidden_size=16, intermediate_size=10, num_layers=1, num_heads=9,

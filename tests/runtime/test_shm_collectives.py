@@ -13,8 +13,8 @@ import stat
 import pytest
 import torch
 
-from runtime import shm_collectives
-from runtime.shm_collectives import ShmCollectives
+from runtime.parallel import shm_collectives
+from runtime.parallel.shm_collectives import ShmCollectives
 
 pytestmark = pytest.mark.skipif(not shm_collectives.available(), reason="x86 with /dev/shm only")
 

@@ -4,7 +4,7 @@ On CPU nothing really waits, so the step runs under a recorder (a TorchFunctionM
 every call which, on a GPU, would block the host: reading values (`tolist`, `item`, `bool`),
 data-dependent shapes (`nonzero`, boolean-mask indexing), and tensors built from host data with
 a `device=` (a blocking copy from pageable memory). The runner's host<->device traffic goes
-through runtime/transfer.py, whose counters say how many uploads and waits the step made. The
+through kernels/transfer.py, whose counters say how many uploads and waits the step made. The
 attention runs in our FlashInfer backend over the stand-in module, whose own work (the GPU's) is
 hidden from the recorder.
 """
@@ -16,9 +16,9 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 import kernels.sampling
-from runtime.forward_batch import ForwardEntry
-from runtime.sampling import SamplingParams
-from runtime.transfer import STATS
+from runtime.execution.forward_batch import ForwardEntry
+from runtime.contracts.sampling import SamplingParams
+from kernels.transfer import STATS
 from tests.runtime.tiny_runner import SHAPES, fake_flashinfer, make_runner, write_config  # noqa: F401
 
 Tensor = torch.Tensor

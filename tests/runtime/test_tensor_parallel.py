@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.config import ServerConfig
-from runtime.model_runner import ForwardEntry, ModelRunner
-from runtime.model_setup import load_model_for_serving, resolve_config
-from runtime.sampling import SamplingParams
+from runtime.contracts.config import ServerConfig
+from runtime.execution.model_runner import ForwardEntry, ModelRunner
+from runtime.execution.model_setup import load_model_for_serving, resolve_config
+from runtime.contracts.sampling import SamplingParams
 from tests.runtime.tp_harness import tp_runner
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""`runtime.tokenizer_load`: the direct route gives AutoTokenizer's tokenizer, and everything it
+"""`runtime.support.tokenizer_load`: the direct route gives AutoTokenizer's tokenizer, and everything it
 cannot vouch for (no class named, remote code, a model type AutoTokenizer overrides) goes through
 AutoTokenizer itself. The launch uses it: the detokenizer loads its tokenizer without torch, and
 the main process loads its own while the children start (a failure there stops them)."""
@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import transformers
 
-from runtime.config import ServerConfig
-from runtime.launch import LaunchError, launch_runtime_with
-from runtime.tokenizer_load import class_ref, direct_class, load_tokenizer
+from runtime.contracts.config import ServerConfig
+from tokenizer.launch import LaunchError, launch_runtime_with
+from runtime.support.tokenizer_load import class_ref, direct_class, load_tokenizer
 from tests.runtime.fake_scheduler import run_fake_scheduler
 
 TEXTS = [
@@ -125,7 +125,7 @@ def test_direct_class_is_auto_tokenizers_choice(
 
 @pytest.fixture
 def config(default_model_path: str) -> ServerConfig:
-    from runtime.model_setup import resolve_config
+    from runtime.execution.model_setup import resolve_config
 
     return resolve_config(ServerConfig(model_path=default_model_path, context_length=256))
 

@@ -24,13 +24,17 @@ import pytest
 import torch
 import torch.distributed.distributed_c10d as c10d
 
-from runtime import shm_collectives, tp_group, tp_worker
-from runtime.codec import decode, encode
-from runtime.forward_batch import ForwardEntry
-from runtime.messages import TPStep, TPStop
-from runtime.sampling import SamplingParams
-from runtime.tp_group import StepChannel, init_tp_group
-from runtime.tp_worker import entry_from_wire, entry_to_wire
+from runtime.parallel import shm_collectives
+
+from runtime.parallel import group as tp_group
+
+from runtime.execution import tp_worker
+from runtime.contracts.codec import decode, encode
+from runtime.execution.forward_batch import ForwardEntry
+from runtime.contracts.messages import TPStep, TPStop
+from runtime.contracts.sampling import SamplingParams
+from runtime.parallel.group import StepChannel, init_tp_group
+from runtime.execution.tp_worker import entry_from_wire, entry_to_wire
 
 TP_MODULES = [tp_group, tp_worker, shm_collectives]
 

@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from runtime.weights import INDEX_FILE, iter_safetensors, load_model, safetensors_files
+from runtime.execution.weights import INDEX_FILE, iter_safetensors, load_model, safetensors_files
 from tests.runtime.test_models import CPU, TINY, model_config, our_logits, write_checkpoint
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.worker_process import KillableWorker
+from runtime.support.worker_process import KillableWorker
 from tests.runtime.worker_mains import echo_or_sleep, mark_then_sleep
 
 

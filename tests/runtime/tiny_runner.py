@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from runtime.config import ServerConfig
-from runtime.model_runner import ModelRunner
-from runtime.model_setup import LoadedModel, load_model_for_serving, resolve_config
+from runtime.contracts.config import ServerConfig
+from runtime.execution.model_runner import ModelRunner
+from runtime.execution.model_setup import LoadedModel, load_model_for_serving, resolve_config
 
 # Real models' head layouts on a toy width: (num_heads, num_kv_heads, head_dim).
 SHAPES = {

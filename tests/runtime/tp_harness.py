@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from runtime.config import ServerConfig
-from runtime.model_runner import ModelRunner
-from runtime.tp_worker import load_rank, run_tp_rank_process
+from runtime.contracts.config import ServerConfig
+from runtime.execution.model_runner import ModelRunner
+from runtime.execution.tp_worker import load_rank, run_tp_rank_process
 
 JOIN_S = 30.0
 

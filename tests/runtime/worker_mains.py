@@ -6,7 +6,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
-from runtime.worker_process import serve
+from runtime.support.worker_process import serve
 
 
 def echo_or_sleep(conn: Connection, setup: Any) -> None:

@@ -16,11 +16,13 @@ from typing import Any
 import torch
 import transformers
 
-from runtime import tokenizer_load, weights
-from runtime.config import ServerConfig
-from runtime.messages import BatchTokenOut, GenerateReq
-from runtime.model_setup import resolve_config
-from runtime.sampling import SamplingParams
+from runtime.support import tokenizer_load
+
+from runtime.execution import weights
+from runtime.contracts.config import ServerConfig
+from runtime.contracts.messages import BatchTokenOut, GenerateReq
+from runtime.execution.model_setup import resolve_config
+from runtime.contracts.sampling import SamplingParams
 from scheduler.overlap import OverlapScheduler
 from scheduler.process import build_scheduler
 

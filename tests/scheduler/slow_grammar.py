@@ -1,7 +1,7 @@
 """A grammar build with an injected delay, for timeout tests that must not depend on CPU speed.
 
 It runs inside the grammar validation worker (a spawned process), so it lives in a small module
-of its own: the worker imports only this and `runtime.grammar_check`.
+of its own: the worker imports only this and `runtime.support.grammar_check`.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from runtime.grammar_check import GrammarSpec, build_grammar
+from runtime.support.grammar_check import GrammarSpec, build_grammar
 
 SLOW_MARKER = "slow-to-build"
 DELAY_S = 60.0

@@ -115,7 +115,7 @@ def test_abort_and_deadline_while_in_the_grammar_queue(tiny_model: str) -> None:
     both end them there, and nothing is left behind."""
     from transformers import AutoTokenizer
 
-    from runtime.messages import AbortReq
+    from runtime.contracts.messages import AbortReq
     from scheduler.grammar import GrammarBackend
     from scheduler.grammar_queue import GrammarQueue
     from tests.scheduler.harness import VOCAB

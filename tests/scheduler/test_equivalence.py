@@ -122,8 +122,8 @@ TP_GRID = [(False, True, 32, 1, True), (True, False, -1, 16, False)]
 def test_same_tokens_with_two_tensor_parallel_ranks(default_model_path, baseline, overlap, radix, chunk, page,
                                                     mixed) -> None:
     """Rank 0's scheduler in this process leading a real rank-1 process (gloo, a thread each)."""
-    from runtime.config import ServerConfig
-    from runtime.model_setup import resolve_config
+    from runtime.contracts.config import ServerConfig
+    from runtime.execution.model_setup import resolve_config
     from tests.runtime.tp_harness import tp_scheduler
     from tests.scheduler.harness import FakeIO
 

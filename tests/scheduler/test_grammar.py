@@ -1,4 +1,4 @@
-"""Grammars with the real default-model tokenizer: validation (runtime/grammar_check.py),
+"""Grammars with the real default-model tokenizer: validation (runtime/support/grammar_check.py),
 asynchronous compilation and its cache, and token-by-token drives through the mask kernel
 (scheduler/grammar.py, kernels/grammar_mask.py)."""
 
@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from kernels.grammar_mask import apply_token_bitmask
-from runtime.errors import InvalidRequest
-from runtime.grammar_check import (
+from runtime.contracts.errors import InvalidRequest
+from runtime.support.grammar_check import (
     MAX_GRAMMAR_BYTES,
     GrammarChecker,
     GrammarSpec,
@@ -27,8 +27,8 @@ from runtime.grammar_check import (
     validate_grammar,
     validate_grammar_async,
 )
-from runtime.sampling import SamplingParams
-from runtime.messages import GenerateReq
+from runtime.contracts.sampling import SamplingParams
+from runtime.contracts.messages import GenerateReq
 from scheduler.grammar import GrammarBackend, GrammarState, allocate_bitmask
 from scheduler.grammar_compile import CompileTimeout
 from scheduler.grammar_queue import GrammarQueue
@@ -229,7 +229,7 @@ def test_worker_that_died_while_idle_is_restarted(checker: GrammarChecker) -> No
 
 
 def test_checker_keeps_torch_and_xgrammar_out_of_the_caller() -> None:
-    code = ("import sys; from runtime.grammar_check import GrammarChecker, GrammarSpec; "
+    code = ("import sys; from runtime.support.grammar_check import GrammarChecker, GrammarSpec; "
             "c = GrammarChecker(); c.validate(GrammarSpec('regex', 'a+')); c.close(); "
             "assert 'torch' not in sys.modules and 'xgrammar' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

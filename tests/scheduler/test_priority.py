@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from runtime.static_batch import StaticBatch
+from runtime.execution.static_batch import StaticBatch
 from scheduler.priority import MAX_PREEMPTIONS
 from tests.scheduler.harness import FakeIO, collect, make, run_until_idle, submit
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runtime.messages import AbortReq
+from runtime.contracts.messages import AbortReq
 from scheduler.rid_index import RidIndex, parents_of
 
 

@@ -14,9 +14,9 @@ import pytest
 import torch
 import transformers
 
-from runtime import model_runner
-from runtime.messages import AbortReq, FlushCacheReq, GetStateReq
-from runtime.static_batch import StaticBatch
+from runtime.execution import model_runner
+from runtime.contracts.messages import AbortReq, FlushCacheReq, GetStateReq
+from runtime.execution.static_batch import StaticBatch
 from tests.scheduler.harness import VOCAB, collect, make, run_until_idle, submit
 
 def workload(seed: int = 0, n: int = 12) -> list[list[int]]:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 import transformers
 
-from runtime.messages import AbortReq
-from runtime.sampling import SamplingParams
+from runtime.contracts.messages import AbortReq
+from runtime.contracts.sampling import SamplingParams
 from tests.kernels.test_spec_verify import critical, reference_probs
 from tests.scheduler.harness import VOCAB, make, run_until_idle, submit
 

@@ -8,7 +8,7 @@ import pytest
 from radix.allocator import KVAllocator
 from radix.prefix_cache import RadixPrefixCache
 from radix.tree import RadixTree
-from runtime.messages import AbortReq, GetStateReq
+from runtime.contracts.messages import AbortReq, GetStateReq
 from scheduler.scheduler import Scheduler
 from tests.scheduler.harness import make, run_until_idle, submit
 

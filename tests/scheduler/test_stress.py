@@ -13,8 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from runtime.messages import AbortReq
-from runtime.sampling import SamplingParams
+from runtime.contracts.messages import AbortReq
+from runtime.contracts.sampling import SamplingParams
 from scheduler.overlap import OverlapScheduler
 from scheduler.policy import order_waiting
 from scheduler.request import Req

@@ -63,7 +63,7 @@ def test_the_graph_check_fails_when_the_replay_path_differs(tmp_path: Path, monk
     """The dry run's graph check on a 3-row batch (padded to the bucket of 4), with a fault put
     into the stand-in replay: a logits shift too small to change a greedy token, or graphs that
     never run (every step eager)."""
-    from runtime.cuda_graph import CudaGraphRunner
+    from runtime.execution.cuda_graph import CudaGraphRunner
 
     if fault == "replay_output_shifted":
         forward = CudaGraphRunner._forward

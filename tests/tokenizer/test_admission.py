@@ -13,7 +13,7 @@ import openai
 import pytest
 import requests
 
-from runtime.errors import InvalidRequest, Overloaded
+from runtime.contracts.errors import InvalidRequest, Overloaded
 from tests.tokenizer.http_helpers import (
     API_KEY, AUTH, RunningServer, post, server_state, wait_until,
 )
@@ -114,7 +114,7 @@ def test_admission_rule() -> None:
 
 def test_the_server_default_timeout_becomes_a_deadline() -> None:
     """--request-timeout applies to a request without its own `timeout`; its own one wins."""
-    from runtime.config import ServerConfig
+    from runtime.contracts.config import ServerConfig
     from tokenizer.limits import RequestLimits
     from tokenizer.manager import TokenizerManager
 

@@ -16,9 +16,9 @@ import pytest
 import requests
 from aiohttp.test_utils import TestClient, TestServer
 
-from runtime.cli import build_parser
-from runtime.config import LOOPBACK_ORIGINS, ServerConfig, config_from_args
-from runtime.errors import InvalidRequest
+from tokenizer.cli import build_parser
+from runtime.contracts.config import LOOPBACK_ORIGINS, ServerConfig, config_from_args
+from runtime.contracts.errors import InvalidRequest
 from tests.tokenizer.http_helpers import API_KEY, AUTH, RunningServer
 from tokenizer import http_server
 from tokenizer.api_key import resolve_api_key

@@ -13,8 +13,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-from runtime.config import ServerConfig
-from runtime.errors import InvalidRequest
+from runtime.contracts.config import ServerConfig
+from runtime.contracts.errors import InvalidRequest
 from tokenizer.admission import PromptEncoder
 from tokenizer.chat_template import RequestTemplate, default_sandbox, render_chat
 from tokenizer.manager import TokenizerManager

@@ -18,9 +18,9 @@ from typing import Any, TypeVar
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from runtime.config import ServerConfig
-from runtime.messages import BatchStrOut, GenerateReq
-from runtime.sampling import SamplingParams
+from runtime.contracts.config import ServerConfig
+from runtime.contracts.messages import BatchStrOut, GenerateReq
+from runtime.contracts.sampling import SamplingParams
 from tokenizer.admission import OFFLOAD_DECODE_IDS, PromptEncoder
 from tokenizer.http_server import create_app
 from tokenizer.labels import LabelIndex

@@ -19,7 +19,7 @@ import requests
 import torch
 import transformers
 
-from runtime.device import cpu_capability
+from runtime.execution.device import cpu_capability
 from tests.tokenizer.http_helpers import RunningServer, post
 
 pytestmark = pytest.mark.slow

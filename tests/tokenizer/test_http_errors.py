@@ -19,9 +19,9 @@ import pytest
 import requests
 from aiohttp.test_utils import TestClient, TestServer
 
-from runtime.config import ServerConfig
-from runtime.errors import InvalidRequest as InvalidRequest_
-from runtime.errors import RuntimeCrashed
+from runtime.contracts.config import ServerConfig
+from runtime.contracts.errors import InvalidRequest as InvalidRequest_
+from runtime.contracts.errors import RuntimeCrashed
 from tests.tokenizer.http_helpers import (
     API_KEY, AUTH, KEY_SERVER_BODY_LIMIT, RunningServer, server_state, wait_until,
 )
@@ -335,7 +335,7 @@ def _cmdline(pid: int) -> bytes:
 @pytest.mark.slow
 @pytest.mark.ends_server
 def test_a_dead_child_fails_requests_and_exits_nonzero(server: RunningServer) -> None:
-    """Last in this module: it kills the server's runtime. The scheduler (runtime/launch.py
+    """Last in this module: it kills the server's runtime. The scheduler (tokenizer/launch.py
     starts it before the detokenizer) is killed once the stream has its first event and both
     requests run."""
     results: dict[str, Any] = {}

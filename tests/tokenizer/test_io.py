@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from runtime.errors import InvalidRequest
-from runtime.messages import BatchStrOut, GenerateReq
-from runtime.sampling import SamplingParams
+from runtime.contracts.errors import InvalidRequest
+from runtime.contracts.messages import BatchStrOut, GenerateReq
+from runtime.contracts.sampling import SamplingParams
 from tokenizer.generate_body import normalize_generate
 from tokenizer.request_state import Group, ReqState, apply_output, build_output, token_logprobs, top_logprobs
 

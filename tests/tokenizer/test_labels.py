@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.messages import GenerateReq
-from runtime.sampling import SamplingParams
+from runtime.contracts.messages import GenerateReq
+from runtime.contracts.sampling import SamplingParams
 from tokenizer.fanout import Prepared
 from tokenizer.generate_body import SingleRequest, normalize_generate
 from tokenizer.labels import InternalRids, LabelIndex

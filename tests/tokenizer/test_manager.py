@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from runtime.config import ServerConfig
-from runtime.engine import Engine
-from runtime.errors import InvalidRequest
+from runtime.contracts.config import ServerConfig
+from tokenizer.engine import Engine
+from runtime.contracts.errors import InvalidRequest
 from tests.runtime.fake_scheduler import run_fake_scheduler
 
 CONTEXT = 256
@@ -293,7 +293,7 @@ def test_concurrent_grammar_checks_cannot_pass_the_queue_cap(engine: Engine, mon
     """Admission counts a request from the moment it is admitted: 6 requests whose grammar
     checks are all in progress at once, against room for 3: 3 are admitted, 3 get 503."""
     import tokenizer.manager as manager_module
-    from runtime.errors import Overloaded
+    from runtime.contracts.errors import Overloaded
 
     tm = engine.tokenizer_manager
     gate, entered = asyncio.Event(), []

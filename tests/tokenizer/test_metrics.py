@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from runtime.config import ServerConfig
+from runtime.contracts.config import ServerConfig
 from tokenizer.metrics import PRIORITY_LABEL_RANGE, priority_label
 from tokenizer.server_state import ServerState
 

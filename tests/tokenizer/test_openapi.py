@@ -16,9 +16,9 @@ import pytest
 import schemathesis
 from aiohttp.test_utils import TestClient, TestServer
 
-from runtime.config import ServerConfig
-from runtime.errors import InvalidRequest
-from runtime.sampling import SamplingParams
+from runtime.contracts.config import ServerConfig
+from runtime.contracts.errors import InvalidRequest
+from runtime.contracts.sampling import SamplingParams
 from tokenizer import native_api, token_routes
 from tokenizer.errors import error_body
 from tokenizer.generate_body import SingleRequest, normalize_generate

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from runtime.errors import InvalidRequest
+from runtime.contracts.errors import InvalidRequest
 from tokenizer.chat_template import render_chat
 from tokenizer.limits import check_prompt_count, check_prompt_ids
 from tokenizer.openai.protocol import (
@@ -26,7 +26,7 @@ from tokenizer.openai.tool_calls import (
 )
 
 if TYPE_CHECKING:
-    from runtime.config import ServerConfig
+    from runtime.contracts.config import ServerConfig
     from tokenizer.manager import TokenizerManager
 
 LogprobEntry = list[Any]  # [logprob | None, token_id, text | None]

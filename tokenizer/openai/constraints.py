@@ -22,8 +22,8 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.errors import InvalidRequest
-from runtime.json_text import client_json
+from runtime.contracts.errors import InvalidRequest
+from runtime.contracts.json_text import client_json
 from tokenizer.openai.json_bounds import check_text, check_value, describe
 
 ANY_JSON = "$$ANY$$"  # SGLang's json_schema sentinel: any JSON value

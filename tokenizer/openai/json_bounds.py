@@ -23,7 +23,7 @@ from typing import Any
 
 import orjson
 
-from runtime.errors import InvalidRequest
+from runtime.contracts.errors import InvalidRequest
 
 MAX_DEPTH = 64  # levels in tool arguments and tool parameters (real ones use well under 10)
 MIN_INT, MAX_INT = -(2**63), 2**64  # what JSON readers (orjson, most clients) keep as integers

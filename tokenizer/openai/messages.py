@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime.errors import InvalidRequest
+from runtime.contracts.errors import InvalidRequest
 from tokenizer.openai.json_bounds import check_text, check_value, describe, load_json_text
 
 ROLES = ("system", "developer", "user", "assistant", "tool")

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.errors import InvalidRequest
+from runtime.contracts.errors import InvalidRequest
 from tokenizer.chat_template import RequestTemplate
 from tokenizer.generate_body import cache_namespace
 from tokenizer.openai.constraints import (

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runtime.stop import partial_stop_suffix_len
+from runtime.contracts.stop import partial_stop_suffix_len
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from runtime.errors import InvalidRequest
+from runtime.contracts.errors import InvalidRequest
 from tokenizer.chat_template import RequestTemplate, reserved_names
 from tokenizer.openai.json_bounds import Bounds, check_text, check_value, describe
 

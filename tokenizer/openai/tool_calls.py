@@ -32,8 +32,8 @@ from typing import Any
 
 import orjson
 
-from runtime.json_text import client_json
-from runtime.stop import partial_stop_suffix_len
+from runtime.contracts.json_text import client_json
+from runtime.contracts.stop import partial_stop_suffix_len
 
 OPEN_TAG, CLOSE_TAG = "<tool_call>", "</tool_call>"
 PYTHON_TAG = "<|python_tag|>"

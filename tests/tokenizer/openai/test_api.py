@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from runtime.errors import InvalidRequest
+from runtime.contracts.errors import InvalidRequest
 from tokenizer.openai.api import ChatRenderer, CompletionRenderer, models_list, usage
 from tokenizer.openai.protocol import plan_chat, plan_completion, translate
 

@@ -12,8 +12,8 @@ from typing import Any
 import orjson
 import pytest
 
-from runtime.config import ServerConfig, add_cli_arguments, config_from_args
-from runtime.errors import InvalidRequest
+from runtime.contracts.config import ServerConfig, add_cli_arguments, config_from_args
+from runtime.contracts.errors import InvalidRequest
 from tokenizer.chat_template import RESERVED, reserved_names
 from tokenizer.openai.json_bounds import Bounds, describe, find_problem, load_json_text
 from tokenizer.openai.protocol import check_chat, plan_chat

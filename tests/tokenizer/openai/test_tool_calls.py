@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from runtime.errors import InvalidRequest
+from runtime.contracts.errors import InvalidRequest
 from tokenizer.openai.api import ChatRenderer
 from tokenizer.openai.constraints import (
     ANY_JSON, ToolChoice, ToolPlan, chat_constraints, check_tool_choice, check_tools,

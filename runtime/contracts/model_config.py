@@ -1,0 +1,128 @@
+"""The model's shape, parsed once from a Hugging Face `config.json` dict.
+
+Both config generations are read: transformers v5 writes `rope_parameters: {rope_theta, rope_type,
+...}` and `dtype`; older checkpoints write top-level `rope_theta`, `rope_scaling` and `torch_dtype`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from runtime.contracts.errors import UnsupportedModel
+
+# Architecture name -> (qkv bias forced on, per-head q/k RMSNorm). Mistral is Llama without
+# sliding windows; `_check_supported` rejects a Mistral that actually uses one.
+ARCHITECTURES: dict[str, tuple[bool, bool]] = {
+    "LlamaForCausalLM": (False, False),
+    "MistralForCausalLM": (False, False),
+    "Qwen2ForCausalLM": (True, False),
+    "Qwen3ForCausalLM": (False, True),
+}
+ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None  # None for plain RoPE; else {"rope_type": ..., params}
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool  # bias on q/k/v projections (Qwen2 always; Llama/Qwen3 when attention_bias)
+    o_bias: bool  # bias on o_proj (Llama/Qwen3 attention_bias; never Qwen2)
+    mlp_bias: bool
+    qk_norm: bool  # per-head RMSNorm of q and k before rotary (Qwen3)
+    torch_dtype: str | None  # the checkpoint's dtype name, e.g. "bfloat16"
+    eos_token_ids: tuple[int, ...]
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @classmethod
+    def from_hf(cls, hf: dict[str, Any]) -> ModelConfig:
+        arch = _architecture(hf)
+        force_qkv_bias, qk_norm = ARCHITECTURES[arch]
+        attention_bias = bool(hf.get("attention_bias", False))
+        heads = hf["num_attention_heads"]
+        theta, scaling = _rope(hf)
+        return cls(
+            architecture=arch,
+            hidden_size=hf["hidden_size"],
+            intermediate_size=hf["intermediate_size"],
+            num_layers=hf["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=hf.get("num_key_value_heads") or heads,
+            head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+            vocab_size=hf["vocab_size"],
+            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            rope_theta=theta,
+            rope_scaling=scaling,
+            max_position_embeddings=hf.get("max_position_embeddings", 4096),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            qkv_bias=force_qkv_bias or attention_bias,
+            o_bias=attention_bias and not force_qkv_bias,
+            mlp_bias=bool(hf.get("mlp_bias", False)),
+            qk_norm=qk_norm,
+            torch_dtype=_dtype_name(hf.get("dtype") or hf.get("torch_dtype")),
+            eos_token_ids=_eos_ids(hf.get("eos_token_id")),
+        )
+
+
+def _architecture(hf: dict[str, Any]) -> str:
+    archs = hf.get("architectures") or []
+    supported = ", ".join(ARCHITECTURES)
+    arch = next((a for a in archs if a in ARCHITECTURES), None)
+    if arch is None:
+        raise UnsupportedModel(f"unsupported model architecture {archs or '(none given)'}; supported: {supported}")
+    if hf.get("hidden_act", "silu") != "silu":
+        raise UnsupportedModel(f"{arch} with hidden_act={hf['hidden_act']!r} is not supported (only silu)")
+    window = hf.get("sliding_window")
+    uses_window = hf.get("use_sliding_window", arch == "MistralForCausalLM")
+    if uses_window and window and window < hf.get("max_position_embeddings", 0):
+        raise UnsupportedModel(f"{arch} with sliding_window={window} is not supported")
+    return arch
+
+
+def _rope(hf: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
+    """(rope_theta, scaling dict or None) from v5 `rope_parameters` or legacy top-level keys."""
+    params = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+    theta = float(params.pop("rope_theta", None) or hf.get("rope_theta") or 10000.0)
+    rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
+    params.pop("type", None)
+    if rope_type not in ROPE_TYPES:
+        raise UnsupportedModel(f"rope_type {rope_type!r} is not supported; supported: {', '.join(ROPE_TYPES)}")
+    if float(params.get("partial_rotary_factor", hf.get("partial_rotary_factor") or 1.0)) != 1.0:
+        raise UnsupportedModel("partial_rotary_factor != 1 is not supported")
+    if rope_type == "default":
+        return theta, None
+    if rope_type == "llama3":
+        params.setdefault("original_max_position_embeddings", hf.get("max_position_embeddings", 8192))
+    return theta, {"rope_type": rope_type, **params}
+
+
+def _dtype_name(value: Any) -> str | None:
+    if value is None:
+        return None
+    return str(value).removeprefix("torch.")
+
+
+def _eos_ids(value: Any) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, int):
+        return (value,)
+    return tuple(int(v) for v in value)

@@ -1,0 +1,46 @@
+"""GGUF checkpoints as `--model-path`: converted once to a cached Hugging Face folder.
+
+A `.gguf` file (any of the quantizations transformers can read: F32, F16, BF16, Q4_0/Q4_1/Q5/
+Q8_0, K-quants) is dequantized by transformers' GGUF reader into a bf16 safetensors folder with
+its tokenizer and config, under `<RADIXSERVE_CACHE_DIR>/gguf/<stem>-<fingerprint>/`, the same way
+the embedded default model is. The fingerprint covers the file's resolved path, size and
+modification time, so an edited or replaced file is converted again. Serving then reads that
+folder like any other checkpoint; `--quantization int8` requantizes its weights for speed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from runtime.contracts import env
+from runtime.support.default_model import ensure_converted
+from runtime.contracts.errors import InvalidRequest
+
+
+def is_gguf_path(path: str | None) -> bool:
+    return path is not None and path.lower().endswith(".gguf")
+
+
+def gguf_folder(gguf_file: str) -> Path:
+    """Where the conversion of `gguf_file` lives (whether or not it exists yet)."""
+    source = Path(gguf_file).expanduser().resolve()
+    stat = source.stat()
+    key = f"{source}\\0{stat.st_size}\\0{stat.st_mtime_ns}".encode()
+    fingerprint = hashlib.sha256(key).hexdigest()[:12]
+    return env.cache_dir() / "gguf" / f"{source.stem}-{fingerprint}"
+
+
+def ensure_gguf_folder(gguf_file: str) -> str:
+    """The Hugging Face folder for `gguf_file`, converting it first if needed.
+
+    Raises:
+        InvalidRequest (param model_path): the file is missing or is not a readable GGUF.
+    """
+    if not os.path.isfile(gguf_file):
+        raise InvalidRequest(f"model_path {gguf_file!r} is not a file", param="model_path")
+    with open(gguf_file, "rb") as fh:
+        if fh.read(4) != b"GGUF":
+            raise InvalidRequest(f"model_path {gguf_file!r} is not a GGUF file (no GGUF magic)", param="model_path")
+    return ensure_converted(Path(gguf_file).expanduser().resolve(), gguf_folder(gguf_file))

@@ -1,0 +1,102 @@
+"""Weight loading: safetensors checkpoints (single file or sharded) and dummy random weights."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import torch
+
+from runtime.execution.device import should_prepack
+from runtime.models import CausalLM, ModelConfig, build_model
+
+if TYPE_CHECKING:
+    from runtime.parallel.group import TensorParallel
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def safetensors_files(model_path: str) -> list[str]:
+    """The checkpoint's .safetensors files, in index order; a clear error when there are none."""
+    index = os.path.join(model_path, INDEX_FILE)
+    if os.path.exists(index):
+        with open(index) as fh:
+            shards = sorted(set(json.load(fh)["weight_map"].values()))
+        files = [os.path.join(model_path, name) for name in shards]
+        missing = [f for f in files if not os.path.exists(f)]
+        if missing:
+            raise FileNotFoundError(f"{model_path}: {INDEX_FILE} lists missing shard(s) {missing}")
+        return files
+    single = os.path.join(model_path, SINGLE_FILE)
+    if os.path.exists(single):
+        return [single]
+    found = sorted(f for f in os.listdir(model_path) if f.endswith(".safetensors")) if os.path.isdir(model_path) else []
+    if found:
+        return [os.path.join(model_path, f) for f in found]
+    raise FileNotFoundError(f"no {SINGLE_FILE} or {INDEX_FILE} in model folder {model_path!r}")
+
+
+def iter_safetensors(model_path: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (name, tensor) for every tensor of the checkpoint, opening each shard once, lazily."""
+    from safetensors import safe_open
+
+    for path in safetensors_files(model_path):
+        with safe_open(path, framework="pt", device="cpu") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
+
+
+def load_model(
+    model_path: str | None,
+    model_config: ModelConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    load_format: str = "auto",
+    seed: int = 0,
+    prepack: bool | None = None,
+    quantization: str | None = None,
+    tp: TensorParallel | None = None,
+) -> CausalLM:
+    """Build the model on `device`, fill its weights, prepack them, and return it ready to run.
+
+    load_format "auto" reads the safetensors in `model_path`; "dummy" fills random weights
+    (normal, std 0.02; norms 1) from `seed` without reading any file. `prepack`: pack the linear
+    weights for the device; None: where `runtime.execution.device.should_prepack` says it pays.
+    `quantization` "int8": add per-channel int8 decoder weights for small-batch calls (CPU only).
+    `tp`: build and load only this tensor-parallel rank's part.
+    """
+    if load_format not in ("auto", "dummy"):
+        raise ValueError(f"load_format must be 'auto' or 'dummy', got {load_format!r}")
+    model = build_model(model_config, dtype, device, tp)
+    if load_format == "dummy":
+        init_dummy_weights(model, seed)
+    else:
+        if model_path is None:
+            raise ValueError("model_path is required unless load_format='dummy'")
+        model.load_weights(iter_safetensors(model_path))
+    if quantization == "int8":
+        if device.type != "cpu":
+            raise ValueError("quantization int8 runs on CPU only (torch's int8 weight kernel)")
+        model.quantize_int8()
+    elif quantization not in (None, "none"):
+        raise ValueError(f"unknown quantization {quantization!r}; known: none, int8")
+    if should_prepack(device, dtype) if prepack is None else prepack:
+        model.pack()
+    return model.eval()
+
+
+@torch.no_grad()
+def init_dummy_weights(model: CausalLM, seed: int) -> None:
+    """Normal(0, 0.02) weights and unit norms, drawn at the whole model's shapes (a meta-device
+    copy gives them) so that a tensor-parallel rank holds its part of the same model."""
+    gen = torch.Generator().manual_seed(seed)
+    whole = build_model(model.global_config, model.dtype, torch.device("meta"))
+    for name, param in whole.named_parameters():
+        if name.endswith("norm.weight"):
+            value = torch.ones(param.shape)
+        else:
+            value = torch.empty(param.shape, dtype=torch.float32).normal_(0.0, 0.02, generator=gen)
+        model.fill_param(name, value)
