@@ -94,7 +94,8 @@ def make_runner(path: str, backend: str, page_size: int, dry_run: bool, max_runn
     """A runner on the GPU (or on CPU in a dry run, "flashinfer" then being the stand-in)."""
     from runtime.contracts.config import ServerConfig
     from runtime.execution.model_runner import ModelRunner
-    from runtime.execution.model_setup import load_model_for_serving, resolve_config
+    from runtime.execution.model_setup import load_model_for_serving
+from runtime.execution.resolve import resolve_config
 
     device = "cpu" if dry_run else "cuda"
     dtype = "float32" if dry_run else "bfloat16"

@@ -53,7 +53,7 @@ class Engine:
         return engine
 
     def _start(self, config: ServerConfig, scheduler_target: ChildTarget | None) -> None:
-        from runtime.execution.model_setup import resolve_config
+        from runtime.execution.resolve import resolve_config
         from runtime.support.tokenizer_load import load_tokenizer, tokenizer_source
 
         self.config = resolve_config(config)

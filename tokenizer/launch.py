@@ -6,7 +6,7 @@
     ...
     runtime.shutdown()                             # idempotent; also registered with atexit
 
-The caller resolves the config first (`runtime.execution.model_setup.resolve_config`, which imports torch),
+The caller resolves the config first (`runtime.execution.resolve.resolve_config`, which imports torch),
 so this module stays light and the caller holds the same resolved config it serves with.
 
 With tp_size > 1 the children also include one "tp-rank-N" process per further rank
@@ -169,7 +169,8 @@ def launch_runtime_with(
         try:
             result = meanwhile()
         except Exception as exc:
-            raise LaunchError(f"the main process failed while the children loaded: {type(exc).__name__}: {exc}") from exc
+            raise LaunchError(
+                f"the main process failed while the children loaded: {type(exc).__name__}: {exc}") from exc
         infos = _await_ready(runtime.children, start)
     except BaseException:
         runtime.shutdown(graceful=False)

@@ -23,8 +23,8 @@ from aiohttp import web
 
 from runtime.contracts.config import ServerConfig
 from runtime.contracts.errors import InvalidRequest
-from tokenizer.launch import LaunchError, Runtime, launch_runtime_with
 from runtime.support.procutil import configure_logging
+from tokenizer.launch import LaunchError, Runtime, launch_runtime_with
 from tokenizer.server_state import Phase, ServerState
 
 logger = logging.getLogger("radixserve.server")
@@ -48,7 +48,7 @@ AppFactory = Callable[[ServerState], web.Application]
 
 def run(config: ServerConfig, app_factory: AppFactory) -> int:
     """Serve until stopped; returns the process exit code."""
-    from runtime.execution.model_setup import resolve_config
+    from runtime.execution.resolve import resolve_config
 
     configure_logging(config.log_level, "server")
     try:

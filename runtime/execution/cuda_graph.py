@@ -28,10 +28,13 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from kernels.base import AttentionBackend
+from kernels.kv_pool import ReqToTokenPool
 from runtime.execution.forward_batch import ForwardEntry
+from runtime.execution.step_inputs import StepInputs
 
 if TYPE_CHECKING:
-    from runtime.execution.model_runner import ModelRunner, StepInputs
+    from runtime.models.base import CausalLM
 
 logger = logging.getLogger("radixserve.cuda_graph")
 
@@ -108,13 +111,25 @@ class CapturedGraph:
         self.graph.replay()
 
 
+class GraphHost(Protocol):
+    """What the graphs use of the ModelRunner that owns them (which imports this module)."""
+
+    model: CausalLM
+    backend: AttentionBackend
+    device: torch.device
+    page_size: int
+    req_to_token: ReqToTokenPool
+
+    def prepare(self, entries: list[ForwardEntry]) -> StepInputs: ...
+
+
 class CudaGraphRunner:
     """The decode graphs of one ModelRunner: static buffers, capture, padded replay.
 
     `capture=False` builds the same buffers and buckets with `EagerGraph`s (CPU tests, the dry run).
     """
 
-    def __init__(self, runner: ModelRunner, max_bs: int, capture: bool) -> None:
+    def __init__(self, runner: GraphHost, max_bs: int, capture: bool) -> None:
         self.runner = runner
         self.sizes = capture_batch_sizes(max_bs)
         largest = self.sizes[-1]

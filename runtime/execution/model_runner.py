@@ -11,64 +11,23 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from itertools import chain
-from typing import TYPE_CHECKING
 
 import torch
 
-from kernels.base import ForwardMetadata
 from kernels.grammar_mask import apply_token_bitmask
-from kernels.sampling import SamplingBatch, apply_penalties_and_bias, sample
-from kernels.spec_verify import accept_greedy, verify_drafts
-from runtime.execution.cuda_graph import CudaGraphRunner
-from runtime.execution.forward_batch import UPLOADED, BatchPlan, ForwardEntry, plan_batch
 from kernels.kv_pool import KVPool, ReqToTokenPool
+from kernels.sampling import SamplingBatch, apply_penalties_and_bias, sample
+from kernels.transfer import PendingHost, upload_tensor
+from runtime.execution.cuda_graph import CudaGraphRunner
+from runtime.execution.draft_verify import apply_draft_verification
+from runtime.execution.forward_batch import ForwardEntry
+from runtime.execution.forward_result import ForwardResult
+from runtime.execution.input_logprobs import input_logprobs
 from runtime.execution.model_setup import LoadedModel
-from kernels.transfer import PendingHost, host_tensor, upload, upload_tensor
-
-if TYPE_CHECKING:
-    from runtime.execution.tp_worker import StepBroadcaster
+from runtime.execution.step_inputs import StepInputs, prepare_step
+from runtime.execution.tp_step import SingleRank, StepFollower, StepHook, StepLeader
 
 __all__ = ["ForwardEntry", "ForwardResult", "ModelRunner", "StepInputs"]
-
-INPUT_LOGPROB_ROWS = 256  # prompt rows scored per lm_head call
-
-
-@dataclass
-class ForwardResult:
-    next_ids: torch.Tensor  # int64 [B], on the device
-    logprobs: torch.Tensor | None  # fp32 [B], log-prob of each sampled token, when asked for
-    top_logprobs: list[tuple[list[int], list[float]]] | None
-    input_logprobs: list[list[float] | None]
-    input_top_logprobs: list[list[tuple[list[int], list[float]]] | None]
-    last_logits: torch.Tensor | None = None  # fp32 [B, vocab], only when asked for
-    # Speculative entries: the drafts each accepted (next_ids[i] is the token after them).
-    accepted: list[list[int]] | None = None
-    # next_ids (and logprobs) on their way to the host: reading them is the step's one sync.
-    pending: PendingHost | None = None
-
-    def host_next_ids(self) -> list[int]:
-        return self._host()[0]
-
-    def host_logprobs(self) -> list[float] | None:
-        return self._host()[1] if self.logprobs is not None else None
-
-    def _host(self) -> list[list]:
-        if self.pending is None:
-            self.pending = PendingHost([t for t in (self.next_ids, self.logprobs) if t is not None])
-        return self.pending.wait()
-
-
-@dataclass
-class StepInputs:
-    """One step's device inputs, from one upload of its BatchPlan."""
-
-    plan: BatchPlan
-    meta: ForwardMetadata
-    input_ids: torch.Tensor  # int64 [T], future-map tokens filled in
-    last_rows: torch.Tensor  # int64 [B]
-    rows: torch.Tensor  # int64 [B]
 
 
 class ModelRunner:
@@ -96,9 +55,10 @@ class ModelRunner:
         self.graphs: CudaGraphRunner | None = None
         self.forward_s = 0.0  # wall time inside forward(), for the scheduler-overhead benchmark
         self.forward_count = 0
-        # Tensor parallelism: rank 0 sends each step to the other ranks first (runtime/execution/tp_worker.py).
+        # Tensor parallelism joins through this hook (runtime/execution/tp_step.py): followers
+        # until `lead_tensor_parallel` makes rank 0 the leader.
         self.tp = loaded.tp
-        self.step_leader: StepBroadcaster | None = None
+        self.step_hook: StepHook = SingleRank() if loaded.tp is None else StepFollower(loaded.tp.group)
 
     def warmup(self) -> None:
         """Run a small prefill and a decode once, so the first request does not pay for oneDNN
@@ -118,20 +78,16 @@ class ModelRunner:
     def lead_tensor_parallel(self) -> None:
         """Rank 0: broadcast every later forward to the other ranks, which run it too."""
         assert self.tp is not None and self.tp.plan.rank == 0
-        from runtime.execution.tp_worker import StepBroadcaster
-
-        self.step_leader = StepBroadcaster(self.tp.group)
+        self.step_hook = StepLeader(self.tp.group)
 
     def close(self) -> None:
         """Release the other tensor-parallel ranks (rank 0, when its scheduler stops)."""
-        if self.step_leader is not None:
-            self.step_leader.close()
-            self.step_leader = None
+        self.step_hook.close()
+        self.step_hook = SingleRank()
 
     def forward(self, entries: list[ForwardEntry], keep_logits: bool = False) -> ForwardResult:
         start = time.perf_counter()
-        if self.step_leader is not None:
-            self.step_leader.send(entries, keep_logits)
+        self.step_hook.before_forward(entries, keep_logits)
         try:
             with self._on_stream():
                 return self._forward(entries, keep_logits)
@@ -161,34 +117,8 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden.index_select(0, step.last_rows))
         result = self._sample(entries, step, hidden, logits, keep_logits)
         if any(e.draft_ids for e in entries):
-            self._verify_drafts(entries, step.plan, hidden, result)
+            apply_draft_verification(self.model, entries, step.plan, hidden, result)
         return result
-
-    def _verify_drafts(self, entries: list[ForwardEntry], plan: BatchPlan, hidden: torch.Tensor,
-                       result: ForwardResult) -> None:
-        """Replace the sampled token of each speculative entry by its verification's outcome
-        (kernels/spec_verify.py); such entries never need penalties, grammars or logprobs."""
-        accepted: list[list[int]] = [[] for _ in entries]
-        next_ids = result.host_next_ids()
-        spec = [i for i, e in enumerate(entries) if e.draft_ids]
-        # Every speculative row's logits in one lm_head call, then split by entry.
-        rows = [r for i in spec for r in range(plan.qo_indptr[i], plan.qo_indptr[i + 1])]
-        logits = self.model.compute_logits(hidden.index_select(0, upload(rows, torch.int64, self.device)))
-        greedy_best = logits.argmax(dim=-1).tolist() if any(entries[i].sampling.is_greedy for i in spec) else []
-        start = 0
-        for i in spec:
-            e = entries[i]
-            drafts = e.draft_ids or []
-            end = start + len(drafts) + 1
-            if e.sampling.is_greedy:  # the argmax prefix, read from the one host copy above
-                count, next_ids[i] = accept_greedy(greedy_best[start:end], drafts)
-            else:
-                count, next_ids[i] = verify_drafts(logits[start:end], drafts, e.sampling)
-            accepted[i] = drafts[:count]
-            start = end
-        result.next_ids = upload(next_ids, torch.int64, self.device)
-        result.pending = PendingHost([t for t in (result.next_ids, result.logprobs) if t is not None])
-        result.accepted = accepted
 
     def _sample(
         self, entries: list[ForwardEntry], step: StepInputs, hidden: torch.Tensor | None, logits: torch.Tensor,
@@ -209,10 +139,9 @@ class ModelRunner:
         out = sample(
             logits, sampling, top_logprobs_num=top_nums, return_logprob=any(e.return_logprob for e in entries)
         )
-        if self.tp is not None:  # every rank's future map must hold rank 0's choices
-            self.tp.group.broadcast_(out.next_ids)
+        self.step_hook.agree_on(out.next_ids)  # every rank's future map must hold rank 0's choices
         self.future_tokens.index_copy_(0, step.rows[: len(entries)], out.next_ids)
-        input_lps, input_tops = self._input_logprobs(entries, step.plan, hidden)
+        input_lps, input_tops = input_logprobs(self.model, entries, step.plan, hidden)
         return ForwardResult(
             next_ids=out.next_ids,
             logprobs=out.logprobs,
@@ -234,73 +163,5 @@ class ModelRunner:
         apply_token_bitmask(logits, upload_tensor(bitmask, logits.device), rows)
 
     def prepare(self, entries: list[ForwardEntry]) -> StepInputs:
-        """Plan the batch on the host, upload it in one copy, write the entries' slots into their
-        rows of the request table and gather every request's page list (no host sync)."""
-        plan = plan_batch(entries, self.page_size, self.req_to_token.max_context_len)
-        arrays = plan.arrays()
-        flat = upload(list(chain.from_iterable(arrays)), torch.int64, self.device)
-        dev = dict(zip(UPLOADED, flat.split([len(a) for a in arrays])))
-        table = self.req_to_token.table
-        if plan.table_at:
-            table.view(-1).index_copy_(0, dev["table_at"], dev["table_slots"].to(table.dtype))
-        input_ids = dev["input_ids"]
-        if plan.future_at:
-            input_ids.index_copy_(0, dev["future_at"], self.future_tokens.index_select(0, dev["future_rows"]))
-        int32 = torch.int32
-        meta = ForwardMetadata(
-            kv_indices=gather_kv_indices(table, dev["rows"], dev["num_pages"], dev["kv_indptr"], plan),
-            positions=dev["positions"],
-            out_cache_loc=dev["out_cache_loc"],
-            page_size=plan.page_size,
-            seq_lens=plan.seq_lens,
-            extend_lens=plan.extend_lens,
-            qo_indptr_host=host_tensor(plan.qo_indptr, int32, self.device),
-            kv_indptr_host=host_tensor(plan.kv_indptr, int32, self.device),
-            kv_last_page_len_host=host_tensor(plan.kv_last_page_len, int32, self.device),
-        )
-        return StepInputs(plan, meta, input_ids, dev["last_rows"], dev["rows"])
-
-    def _input_logprobs(
-        self, entries: list[ForwardEntry], plan: BatchPlan, hidden: torch.Tensor | None
-    ) -> tuple[list[list[float] | None], list[list[tuple[list[int], list[float]]] | None]]:
-        """Log-probs of given input tokens (prompt scoring), computed only where asked (these
-        read their results back at once: scoring requests are not the decode fast path)."""
-        lps: list[list[float] | None] = [None] * len(entries)
-        tops: list[list[tuple[list[int], list[float]]] | None] = [None] * len(entries)
-        for i, e in enumerate(entries):
-            if not e.logprob_targets:
-                continue
-            assert hidden is not None, "graph steps never score input tokens"
-            first = plan.qo_indptr[i] + e.logprob_start
-            row_lps: list[float] = []
-            row_tops: list[tuple[list[int], list[float]]] = []
-            # In slices: a whole chunk's rows at once would be [chunk, vocab] fp32 (1.2 GB for
-            # 2048 rows of a 150k vocabulary).
-            for start in range(0, len(e.logprob_targets), INPUT_LOGPROB_ROWS):
-                targets = e.logprob_targets[start : start + INPUT_LOGPROB_ROWS]
-                rows = hidden[first + start : first + start + len(targets)]
-                logp = torch.log_softmax(self.model.compute_logits(rows), dim=-1)
-                ids_dev = upload(targets, torch.int64, self.device)
-                row_lps.extend(logp.gather(1, ids_dev[:, None]).squeeze(1).tolist())
-                if e.top_logprobs_num:
-                    vals, ids = logp.topk(e.top_logprobs_num, dim=-1)
-                    row_tops.extend(zip(ids.tolist(), vals.tolist()))
-            lps[i] = row_lps
-            tops[i] = row_tops if e.top_logprobs_num else None
-        return lps, tops
-
-
-def gather_kv_indices(
-    table: torch.Tensor, rows: torch.Tensor, num_pages: torch.Tensor, kv_indptr: torch.Tensor, plan: BatchPlan
-) -> torch.Tensor:
-    """Every request's page ids, request after request (int32 [total pages]), read on the device
-    from the request table: page p of request i is table[rows[i], p * page_size] // page_size.
-
-    Sizes come from the host plan (`output_size`), so nothing waits for the device, unlike a
-    boolean-mask gather whose result size only the device knows.
-    """
-    total, ps = plan.total_pages, plan.page_size
-    owner = torch.repeat_interleave(num_pages, output_size=total)
-    page = torch.arange(total, device=table.device) - kv_indptr.index_select(0, owner)
-    slots = table[rows.index_select(0, owner), page * ps]
-    return (slots // ps).to(torch.int32) if ps > 1 else slots.to(torch.int32)
+        """The step's device inputs (step_inputs.prepare_step), no host sync."""
+        return prepare_step(entries, self.page_size, self.req_to_token, self.future_tokens, self.device)

@@ -13,7 +13,8 @@ from radix.allocator import KVAllocator
 from runtime.contracts.config import ServerConfig
 from runtime.execution.forward_batch import ForwardEntry
 from runtime.execution.model_runner import ForwardResult, ModelRunner
-from runtime.execution.model_setup import load_model_for_serving, resolve_config
+from runtime.execution.model_setup import load_model_for_serving
+from runtime.execution.resolve import resolve_config
 from runtime.contracts.sampling import SamplingParams
 
 

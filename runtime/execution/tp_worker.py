@@ -2,7 +2,7 @@
 
     rank 0 (the scheduler process)        ranks 1.. (one "tp-rank-N" process each)
     ModelRunner.forward(entries)          follow_steps(): receive (entries, keep_logits)
-      -> StepBroadcaster.send(...)  ---->   runner.forward(entries, keep_logits)
+      -> StepLeader.before_forward(...) ->  runner.forward(entries, keep_logits)
       -> the same forward: every collective (all-reduces, logits gather, sampled ids) in step
 
 Choice: rank 0 schedules and broadcasts the batch (as vLLM's driver worker does), rather than
@@ -30,19 +30,17 @@ the scheduler's watchdog reports.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import sys
 import traceback
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from runtime.contracts.codec import encode
 from runtime.contracts.config import ServerConfig, read_model_json
-from runtime.execution.forward_batch import ForwardEntry
 from runtime.contracts.messages import ChildReady, SchedulerCrashed, TPStep, TPStop
-from runtime.contracts.sampling import SamplingParams
+from runtime.execution.tp_step import entry_from_wire
 
 if TYPE_CHECKING:
     from runtime.execution.model_runner import ModelRunner
@@ -51,66 +49,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("radixserve.tp")
 
-# A ForwardEntry on the wire: its fields in declaration order, JSON types only.
-_ENTRY_FIELDS = tuple(f.name for f in dataclasses.fields(ForwardEntry))
-_SAMPLING = _ENTRY_FIELDS.index("sampling")
-_BITMASK = _ENTRY_FIELDS.index("token_bitmask")
-
 
 def rank_name(rank: int) -> str:
     """The launcher's name of rank `rank`'s process (rank 0 is the scheduler)."""
     return "scheduler" if rank == 0 else f"tp-rank-{rank}"
-
-
-class StepBroadcaster:
-    """Rank 0's side: each forward's description goes to the other ranks before it runs."""
-
-    def __init__(self, group: TPGroup) -> None:
-        self.group = group
-
-    def send(self, entries: list[ForwardEntry], keep_logits: bool) -> None:
-        self.group.broadcast_message(TPStep([entry_to_wire(e) for e in entries], keep_logits))
-
-    def close(self) -> None:
-        """Release the followers (they exit) and leave the group. A follower stuck or gone (the
-        launcher reported its death, which is why the scheduler stops) is only logged."""
-        try:
-            self.group.broadcast_message(TPStop())
-        except ConnectionError as exc:
-            logger.warning("a tensor-parallel rank was gone at shutdown: %s", exc)
-        self.group.close()
-
-
-def entry_to_wire(entry: ForwardEntry) -> list[Any]:
-    """`entry` as JSON types: its fields in order, sampling as a dict, the bitmask as ints."""
-    wire = [getattr(entry, name) for name in _ENTRY_FIELDS]
-    wire[_SAMPLING] = entry.sampling.to_dict()
-    if entry.token_bitmask is not None:
-        wire[_BITMASK] = entry.token_bitmask.tolist()
-    return wire
-
-
-def entry_from_wire(wire: list[Any]) -> ForwardEntry:
-    """The ForwardEntry `entry_to_wire` described."""
-    import torch  # here, not at the top: the launcher imports this module for its entry point
-
-    if len(wire) != len(_ENTRY_FIELDS):
-        raise ValueError(f"a ForwardEntry has {len(_ENTRY_FIELDS)} fields, the wire list {len(wire)}")
-    values = list(wire)
-    values[_SAMPLING] = _sampling_from_wire(values[_SAMPLING])
-    if values[_BITMASK] is not None:
-        values[_BITMASK] = torch.tensor(values[_BITMASK], dtype=torch.int32)
-    return ForwardEntry(*values)
-
-
-def _sampling_from_wire(d: dict[str, Any]) -> SamplingParams:
-    """`SamplingParams.to_dict`'s output back, without `from_dict`'s checks: rank 0 checked these
-    params when the request came in, and at ~17 us each they would cost a batch of 16 more than
-    the rest of the step's encoding."""
-    params = SamplingParams(**d)
-    if params.logit_bias is not None:  # JSON made the token ids strings
-        params.logit_bias = {int(k): float(v) for k, v in params.logit_bias.items()}
-    return params
 
 
 def load_rank(config: ServerConfig, ipc_path: str, rank: int) -> LoadedModel:

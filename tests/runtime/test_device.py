@@ -72,7 +72,9 @@ def test_fp16_is_native_only_with_fp16_hardware():
     assert not should_prepack(CPU, torch.float16, cap("AVX512", ZEN4_FLAGS))
 
 
-@pytest.mark.parametrize("override,native", [("avx2", False), ("avx512", False), ("avx512_bf16", True), ("amx", True), ("AVX2", False)])
+@pytest.mark.parametrize("override,native", [
+    ("avx2", False), ("avx512", False), ("avx512_bf16", True), ("amx", True), ("AVX2", False),
+])
 def test_override_replaces_the_reading(override, native):
     c = cap("AVX512", ZEN4_FLAGS, override=override)
     assert c.native_bf16 is native
@@ -125,7 +127,7 @@ def test_this_cpu_reading_matches_cpuinfo():
 def test_resolved_default_config_uses_the_native_dtype(default_model_path):
     """The default model (a bf16 checkpoint) served with `--dtype auto` on this CPU."""
     from runtime.contracts.config import ServerConfig
-    from runtime.execution.model_setup import resolve_config
+    from runtime.execution.resolve import resolve_config
 
     resolved = resolve_config(ServerConfig(model_path=default_model_path, device="cpu"))
     want = "bfloat16" if cpu_capability().native_bf16 else "float32"
@@ -194,7 +196,7 @@ def test_threads_are_shared_out_among_cpu_ranks() -> None:
 def test_resolve_refuses_a_split_the_model_cannot_take(default_model_path: str) -> None:
     from runtime.contracts.config import ServerConfig
     from runtime.contracts.errors import InvalidRequest
-    from runtime.execution.model_setup import resolve_config
+    from runtime.execution.resolve import resolve_config
 
     with pytest.raises(InvalidRequest) as err:  # the default model has 9 attention heads
         resolve_config(ServerConfig(model_path=default_model_path, device="cpu", tp_size=16))

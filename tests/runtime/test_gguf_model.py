@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from runtime.contracts.config import ServerConfig
-from runtime.support.default_model import gguf_path
 from runtime.contracts.errors import InvalidRequest
 from runtime.execution.gguf_model import ensure_gguf_folder, gguf_folder, is_gguf_path
-from runtime.execution.model_setup import resolve_config
+from runtime.execution.resolve import resolve_config
+from runtime.support.default_model import gguf_path
 
 
 def test_is_gguf_path() -> None:

@@ -17,15 +17,20 @@ from typing import Any
 import pytest
 
 from runtime.contracts.config import ServerConfig
-from tokenizer.engine import Engine
 from runtime.contracts.errors import RuntimeCrashed
-from tokenizer.launch import LaunchError, launch_runtime
-from tokenizer import launch
 from scheduler.watchdog import WATCHDOG_EXIT_CODE
-from tests.runtime.faulty_scheduler import FAULT_MESSAGE, FAULT_PROMPT, HANG_PROMPT, run_faulty_scheduler
 from tests.runtime.fake_scheduler import (
-    CRASH_PROMPT, EXIT_CODE, orphan_middle, run_dying_scheduler, run_fake_scheduler, run_sleepy_scheduler,
+    CRASH_PROMPT,
+    EXIT_CODE,
+    orphan_middle,
+    run_dying_scheduler,
+    run_fake_scheduler,
+    run_sleepy_scheduler,
 )
+from tests.runtime.faulty_scheduler import FAULT_MESSAGE, FAULT_PROMPT, HANG_PROMPT, run_faulty_scheduler
+from tokenizer import launch
+from tokenizer.engine import Engine
+from tokenizer.launch import LaunchError, launch_runtime
 
 WAIT_S = 15.0
 
@@ -43,7 +48,7 @@ def private_tmp(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
 def config(default_model_path: str) -> ServerConfig:
     """Small context and KV pool: these tests send a few short requests, and the CPU default pool
     (65536 tokens, 1.5 GB in bf16) would cost each real scheduler start about a second to zero."""
-    from runtime.execution.model_setup import resolve_config
+    from runtime.execution.resolve import resolve_config
 
     return resolve_config(ServerConfig(model_path=default_model_path, context_length=256, max_total_tokens=4096))
 
@@ -190,7 +195,8 @@ def test_children_exit_when_their_parent_dies() -> None:
 
 
 def test_import_runtime_is_lazy() -> None:
-    code = ("import sys, runtime, tokenizer.launch, tokenizer.generate_body, tokenizer.request_state, detokenizer.manager\n"
+    code = ("import sys, runtime, tokenizer.launch, tokenizer.generate_body, tokenizer.request_state\n"
+            "import detokenizer.manager\n"
             "assert 'torch' not in sys.modules and 'transformers' not in sys.modules\n"
             "from runtime import Engine\n"
             "assert Engine.__name__ == 'Engine'\n")

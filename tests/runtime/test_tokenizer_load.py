@@ -16,9 +16,9 @@ import pytest
 import transformers
 
 from runtime.contracts.config import ServerConfig
-from tokenizer.launch import LaunchError, launch_runtime_with
 from runtime.support.tokenizer_load import class_ref, direct_class, load_tokenizer
 from tests.runtime.fake_scheduler import run_fake_scheduler
+from tokenizer.launch import LaunchError, launch_runtime_with
 
 TEXTS = [
     "The capital of France is",
@@ -125,7 +125,7 @@ def test_direct_class_is_auto_tokenizers_choice(
 
 @pytest.fixture
 def config(default_model_path: str) -> ServerConfig:
-    from runtime.execution.model_setup import resolve_config
+    from runtime.execution.resolve import resolve_config
 
     return resolve_config(ServerConfig(model_path=default_model_path, context_length=256))
 

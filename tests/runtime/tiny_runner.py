@@ -10,7 +10,8 @@ import pytest
 
 from runtime.contracts.config import ServerConfig
 from runtime.execution.model_runner import ModelRunner
-from runtime.execution.model_setup import LoadedModel, load_model_for_serving, resolve_config
+from runtime.execution.model_setup import LoadedModel, load_model_for_serving
+from runtime.execution.resolve import resolve_config
 
 # Real models' head layouts on a toy width: (num_heads, num_kv_heads, head_dim).
 SHAPES = {

@@ -14,7 +14,7 @@ import pytest
 import torch
 import transformers
 
-from runtime.execution import model_runner
+from runtime.execution import input_logprobs
 from runtime.contracts.messages import AbortReq, FlushCacheReq, GetStateReq
 from runtime.execution.static_batch import StaticBatch
 from tests.scheduler.harness import VOCAB, collect, make, run_until_idle, submit
@@ -114,7 +114,7 @@ def test_stop_token_and_eos(tiny_model: str, reference: list[list[int]]) -> None
 @pytest.mark.parametrize("slice_rows", [256, 3], ids=["one-slice", "slices-of-3"])
 def test_prefill_only_input_logprobs_match_hf(tiny_model: str, slice_rows: int, monkeypatch) -> None:
     """(Scored in slices of INPUT_LOGPROB_ROWS prompt rows per lm_head call: the same numbers.)"""
-    monkeypatch.setattr(model_runner, "INPUT_LOGPROB_ROWS", slice_rows)
+    monkeypatch.setattr(input_logprobs, "INPUT_LOGPROB_ROWS", slice_rows)
     prompt = workload()[3]
     sched, io = make(tiny_model, chunked_prefill_size=8)
     submit(io, "score", prompt, max_new_tokens=0, return_logprob=True, logprob_start_len=0)

@@ -1,0 +1,103 @@
+"""Resolve a config's "auto" values once per launch, in the main process (the HTTP server or the
+Engine's caller) before any child starts: a new frozen config with the model path, device,
+dtype, attention backend, chunk size and KV capacity made concrete. It lives with the model
+execution because it needs what only this layer knows (the device probes, the model's shape,
+the backends); the main process calls down to it, and the children get the resolved config.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+from runtime.contracts.config import ServerConfig, read_model_json
+from runtime.contracts.errors import InvalidRequest
+from runtime.contracts.model_config import ModelConfig
+from runtime.execution.cuda_graph import default_max_bs
+from runtime.execution.device import DTYPES, dtype_name, resolve_attention_backend, resolve_device, resolve_dtype
+from runtime.execution.gguf_model import ensure_gguf_folder, is_gguf_path
+from runtime.parallel.sharding import check_shardable
+from runtime.support.default_model import ensure_default_model
+
+logger = logging.getLogger("radixserve.setup")
+
+CPU_DEFAULT_KV_TOKENS = 65536
+CPU_DEFAULT_MAX_RUNNING = 256
+CPU_DEFAULT_CHUNK = 512
+CUDA_DEFAULT_CHUNK = 2048
+
+
+def resolve_config(config: ServerConfig) -> ServerConfig:
+    """Turn every "auto"/None default into a concrete value (a new frozen config)."""
+    model_path = config.model_path
+    served_name = config.served_model_name
+    load_format = config.load_format
+    if model_path is None:
+        model_path = ensure_default_model()
+    elif load_format == "gguf" or is_gguf_path(model_path):
+        served_name = served_name or os.path.basename(model_path).removesuffix(".gguf")
+        model_path, load_format = ensure_gguf_folder(model_path), "auto"
+    model_config = ModelConfig.from_hf(read_model_json(model_path, "config.json"))
+    device = resolve_device(config.device)
+    check_tp(config.tp_size, model_config, device)
+    dtype, why = resolve_dtype(config.dtype, model_config.torch_dtype, device)
+    kv_dtype = dtype if config.kv_cache_dtype == "auto" else DTYPES[config.kv_cache_dtype]
+    logger.info("dtype %s, KV cache %s (%s)", dtype_name(dtype), dtype_name(kv_dtype), why)
+    backend, backend_why = resolve_attention_backend(
+        config.attention_backend, device, dtype_name(dtype), dtype_name(kv_dtype))
+    logger.info("attention backend %s (%s)", backend, backend_why)
+    chunk = config.chunked_prefill_size
+    if chunk is None:
+        chunk = CUDA_DEFAULT_CHUNK if device.type == "cuda" else CPU_DEFAULT_CHUNK
+    context = config.context_length or model_config.max_position_embeddings
+    if context > model_config.max_position_embeddings:
+        raise InvalidRequest(
+            f"context_length {context} exceeds the model's max_position_embeddings "
+            f"{model_config.max_position_embeddings}",
+            param="context_length",
+        )
+    max_total = config.max_total_tokens
+    if max_total is None and device.type == "cpu":
+        max_total = CPU_DEFAULT_KV_TOKENS
+    max_running = config.max_running_requests
+    if max_running is None and device.type == "cpu":
+        max_running = CPU_DEFAULT_MAX_RUNNING
+    graph_max_bs = config.cuda_graph_max_bs
+    if graph_max_bs is None and device.type == "cuda":
+        graph_max_bs = default_max_bs(torch.cuda.get_device_properties(device).total_memory / 2**30)
+    return config.replace(
+        model_path=model_path,
+        load_format=load_format,
+        served_model_name=served_name,
+        tokenizer_path=config.tokenizer_path or model_path,
+        device=device.type,
+        dtype=dtype_name(dtype),
+        kv_cache_dtype=dtype_name(kv_dtype),
+        attention_backend=backend,
+        cuda_graph_max_bs=graph_max_bs,
+        # Graphs capture FlashInfer's graph wrappers; the torch backend runs eagerly. Graphs with
+        # NCCL collectives inside are not built yet: tensor-parallel decode runs eagerly.
+        disable_cuda_graph=(
+            config.disable_cuda_graph or device.type != "cuda" or backend != "flashinfer" or config.tp_size > 1
+        ),
+        chunked_prefill_size=chunk,
+        context_length=context,
+        max_total_tokens=max_total,
+        max_running_requests=max_running,
+        enable_mixed_chunk=device.type == "cpu" if config.enable_mixed_chunk is None else config.enable_mixed_chunk,
+        # Speculative steps need the previous step's accepted tokens to draft the next: no overlap.
+        disable_overlap_schedule=config.speculative_algorithm != "none" or (
+            device.type != "cuda" if config.disable_overlap_schedule is None else config.disable_overlap_schedule
+        ),
+    )
+
+
+def check_tp(tp_size: int, model_config: ModelConfig, device: torch.device) -> None:
+    """Refuse, naming tp_size, a split the model or the machine cannot take."""
+    check_shardable(model_config, tp_size)
+    if device.type == "cuda" and tp_size > torch.cuda.device_count():
+        raise InvalidRequest(
+            f"tp_size {tp_size} needs {tp_size} GPUs; {torch.cuda.device_count()} are visible", param="tp_size"
+        )
