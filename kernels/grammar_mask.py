@@ -27,6 +27,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from kernels.transfer import upload_tensor
+
 _BITS = 32
 _NEG_INF = float("-inf")
 SPARSE_FRACTION = 4  # a row is sparse when under 1/4 of its words allow any token
@@ -36,6 +38,20 @@ _xgr_kernel: Callable[..., None] | None | bool = False  # False: not looked up y
 def bitmask_words(vocab_size: int) -> int:
     """Words per bitmask row: ceil(vocab_size / 32)."""
     return (vocab_size + _BITS - 1) // _BITS
+
+
+def apply_row_bitmasks(logits: torch.Tensor, row_masks: Sequence[torch.Tensor | None]) -> None:
+    """Mask row i of `logits` [B, V] in place with `row_masks[i]` (an int32 [words] host bitmask,
+    or None for an unconstrained row): the rows' masks go up in one copy."""
+    rows = [i for i, mask in enumerate(row_masks) if mask is not None]
+    if not rows:
+        return
+    first = row_masks[rows[0]]
+    assert first is not None
+    bitmask = torch.full((len(row_masks), first.shape[0]), -1, dtype=torch.int32)
+    for i in rows:
+        bitmask[i] = row_masks[i]  # type: ignore[assignment]  # rows holds the non-None ones
+    apply_token_bitmask(logits, upload_tensor(bitmask, logits.device), rows)
 
 
 def apply_token_bitmask(

@@ -14,10 +14,10 @@ from collections.abc import Iterator
 
 import torch
 
-from kernels.grammar_mask import apply_token_bitmask
+from kernels.grammar_mask import apply_row_bitmasks
 from kernels.kv_pool import KVPool, ReqToTokenPool
 from kernels.sampling import SamplingBatch, apply_penalties_and_bias, sample
-from kernels.transfer import PendingHost, upload_tensor
+from kernels.transfer import PendingHost
 from runtime.execution.cuda_graph import CudaGraphRunner
 from runtime.execution.draft_verify import apply_draft_verification
 from runtime.execution.forward_batch import ForwardEntry
@@ -134,7 +134,7 @@ class ModelRunner:
         )
         if sampling.needs_logit_processing:
             apply_penalties_and_bias(logits, sampling)
-        self._apply_grammar(entries, logits)
+        apply_row_bitmasks(logits, [e.token_bitmask for e in entries])  # constrained decoding
         top_nums = [e.top_logprobs_num for e in entries]
         out = sample(
             logits, sampling, top_logprobs_num=top_nums, return_logprob=any(e.return_logprob for e in entries)
@@ -151,16 +151,6 @@ class ModelRunner:
             last_logits=logits if keep_logits else None,
             pending=PendingHost([t for t in (out.next_ids, out.logprobs) if t is not None]),
         )
-
-    def _apply_grammar(self, entries: list[ForwardEntry], logits: torch.Tensor) -> None:
-        rows = [i for i, e in enumerate(entries) if e.token_bitmask is not None]
-        if not rows:
-            return
-        words = entries[rows[0]].token_bitmask.shape[0]  # type: ignore[union-attr]
-        bitmask = torch.full((len(entries), words), -1, dtype=torch.int32)
-        for i in rows:
-            bitmask[i] = entries[i].token_bitmask  # type: ignore[assignment]
-        apply_token_bitmask(logits, upload_tensor(bitmask, logits.device), rows)
 
     def prepare(self, entries: list[ForwardEntry]) -> StepInputs:
         """The step's device inputs (step_inputs.prepare_step), no host sync."""
