@@ -1,14 +1,21 @@
-"""A linear layer whose weight is prepacked for the device once, after loading.
+"""A linear layer whose weight is prepacked for the device once, after loading, and whose product
+is computed by a swappable method object: full precision by default, weight-only int8 when
+`load_model` chooses it.
 
 On CPU the weight is reordered once into oneDNN's blocked layout and every call runs
 `mkldnn._linear_pointwise`: about 2x faster than `F.linear` in fp32 (which goes through MKL, slow
 on AMD) and 1.3-1.8x in bf16, for every batch size. Elsewhere, or when packing fails, `F.linear`.
 
-Weight-only int8 (`quantize_int8()`, before `pack()`): a per-output-channel int8 copy of the
-weight, used for calls of at most INT8_MAX_ROWS rows through torch's `_weight_int8pack_mm` with
-bf16 activations. A decode step at small batch only streams the weights, so half the bytes of
-bf16 (a quarter of fp32) is what makes it faster; beyond a few rows that kernel loses to the
-packed one, which then runs instead (so the full-precision packed copy is kept too).
+Weight-only int8 (`Int8LinearMethod`, installed by `Linear.quantize_int8()` before `pack()`): a
+per-output-channel int8 copy of the weight, used for calls of at most INT8_MAX_ROWS rows through
+torch's `_weight_int8pack_mm` with bf16 activations. A decode step at small batch only streams
+the weights, so half the bytes of bf16 (a quarter of fp32) is what makes it faster; beyond a few
+rows that kernel loses to the packed one, which then runs instead (so the full-precision packed
+copy is kept too).
+
+The method is an object beside the layer, not a subclass of it, because every parallel linear
+(runtime/parallel/layers.py: column, row, head) subclasses `Linear` for its sharding and
+collective; a quantized subclass per parallel class would multiply the classes.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ def pack_weight(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor
     if weight.device.type != "cpu":
         return None
     try:
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+        packed: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(weight, None)
         probe = torch.ones((1, weight.shape[1]), dtype=weight.dtype)
         got = _packed_linear(probe, packed, bias)
     except (RuntimeError, NotImplementedError):
@@ -38,7 +45,8 @@ def pack_weight(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor
 
 
 def _packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    y: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    return y
 
 
 INT8_MAX_ROWS = 4  # rows up to which the int8 kernel beats the packed one (measured, both CPUs)
@@ -61,6 +69,35 @@ def _int8_linear(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, bias: t
     return y if bias is None else y + bias
 
 
+class LinearMethod:
+    """How a `Linear` computes x @ weight.T + bias: in full precision, through the packed weight
+    when `pack()` made one, else `F.linear`. Stateless: every layer shares `DENSE`."""
+
+    def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
+        if layer.packed is not None:
+            return _packed_linear(x, layer.packed, layer.bias)
+        assert layer.weight is not None, "a layer without a packed weight keeps its plain one"
+        return F.linear(x, layer.weight, layer.bias)
+
+
+DENSE = LinearMethod()
+
+
+class Int8LinearMethod(LinearMethod):
+    """Weight-only int8 for calls of at most INT8_MAX_ROWS rows; full precision above that.
+
+    Holds the int8 copy of one layer's weight (quantized from the loaded weight at construction).
+    """
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.q_weight, self.q_scales = quantize_int8(weight)
+
+    def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] <= INT8_MAX_ROWS:
+            return _int8_linear(x, self.q_weight, self.q_scales, layer.bias)
+        return super().apply(layer, x)
+
+
 class Linear(nn.Module):
     """y = x @ weight.T + bias, with `weight` [out, in]. Call `pack()` once after loading.
 
@@ -79,19 +116,28 @@ class Linear(nn.Module):
         super().__init__()
         self.in_features = in_features
         self.out_features = out_features
-        empty = dict(dtype=dtype, device=device)
-        self.weight: nn.Parameter | None = nn.Parameter(torch.empty((out_features, in_features), **empty), requires_grad=False)
+        weight = torch.empty((out_features, in_features), dtype=dtype, device=device)
+        self.weight: nn.Parameter | None = nn.Parameter(weight, requires_grad=False)
         self.bias: nn.Parameter | None = None
         if bias:
-            self.bias = nn.Parameter(torch.empty(out_features, **empty), requires_grad=False)
+            self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype, device=device), requires_grad=False)
         self.packed: torch.Tensor | None = None
-        self.q_weight: torch.Tensor | None = None  # int8 [out, in], after quantize_int8()
-        self.q_scales: torch.Tensor | None = None  # bf16 [out]
+        self.method: LinearMethod = DENSE
 
     def quantize_int8(self) -> None:
-        """Add the int8 copy used for small calls. Must run before `pack()` drops the weight."""
+        """Swap in the int8 method for small calls. Must run before `pack()` drops the weight."""
         assert self.weight is not None, "quantize_int8() must run before pack()"
-        self.q_weight, self.q_scales = quantize_int8(self.weight.detach())
+        self.method = Int8LinearMethod(self.weight.detach())
+
+    @property
+    def q_weight(self) -> torch.Tensor | None:
+        """The int8 weight [out, in] when the int8 method is installed."""
+        return self.method.q_weight if isinstance(self.method, Int8LinearMethod) else None
+
+    @property
+    def q_scales(self) -> torch.Tensor | None:
+        """The bf16 per-row scales [out] when the int8 method is installed."""
+        return self.method.q_scales if isinstance(self.method, Int8LinearMethod) else None
 
     def pack(self) -> None:
         """Prepack the loaded weight for its device (no-op when already packed or unsupported)."""
@@ -103,12 +149,8 @@ class Linear(nn.Module):
             self.weight = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.q_weight is not None and x.shape[0] <= INT8_MAX_ROWS:
-            return _int8_linear(x, self.q_weight, self.q_scales, self.bias)
-        if self.packed is not None:
-            return _packed_linear(x, self.packed, self.bias)
-        return F.linear(x, self.weight, self.bias)
+        return self.method.apply(self, x)
 
     def extra_repr(self) -> str:
         return (f"in={self.in_features}, out={self.out_features}, bias={self.bias is not None}, "
-                f"packed={self.packed is not None}, int8={self.q_weight is not None}")
+                f"packed={self.packed is not None}, method={type(self.method).__name__}")

@@ -13,7 +13,7 @@ from runtime.execution.device import should_prepack
 from runtime.models import CausalLM, ModelConfig, build_model
 
 if TYPE_CHECKING:
-    from runtime.parallel.group import TensorParallel
+    from runtime.parallel.context import ParallelContext
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -45,7 +45,7 @@ def iter_safetensors(model_path: str) -> Iterator[tuple[str, torch.Tensor]]:
 
     for path in safetensors_files(model_path):
         with safe_open(path, framework="pt", device="cpu") as f:
-            for name in f.keys():
+            for name in f.keys():  # noqa: SIM118 (a safe_open handle is not iterable)
                 yield name, f.get_tensor(name)
 
 
@@ -58,15 +58,16 @@ def load_model(
     seed: int = 0,
     prepack: bool | None = None,
     quantization: str | None = None,
-    tp: TensorParallel | None = None,
+    tp: ParallelContext | None = None,
 ) -> CausalLM:
     """Build the model on `device`, fill its weights, prepack them, and return it ready to run.
 
     load_format "auto" reads the safetensors in `model_path`; "dummy" fills random weights
     (normal, std 0.02; norms 1) from `seed` without reading any file. `prepack`: pack the linear
     weights for the device; None: where `runtime.execution.device.should_prepack` says it pays.
-    `quantization` "int8": add per-channel int8 decoder weights for small-batch calls (CPU only).
-    `tp`: build and load only this tensor-parallel rank's part.
+    `quantization` "int8": the decoder's linears compute small-batch calls from per-channel int8
+    weights (`Int8LinearMethod`, CPU only). `tp` (a `runtime.parallel.group.TensorParallel`):
+    build and load only this tensor-parallel rank's part.
     """
     if load_format not in ("auto", "dummy"):
         raise ValueError(f"load_format must be 'auto' or 'dummy', got {load_format!r}")
@@ -77,15 +78,23 @@ def load_model(
         if model_path is None:
             raise ValueError("model_path is required unless load_format='dummy'")
         model.load_weights(iter_safetensors(model_path))
-    if quantization == "int8":
-        if device.type != "cpu":
-            raise ValueError("quantization int8 runs on CPU only (torch's int8 weight kernel)")
-        model.quantize_int8()
-    elif quantization not in (None, "none"):
-        raise ValueError(f"unknown quantization {quantization!r}; known: none, int8")
+    quantize(model, quantization, device)
     if should_prepack(device, dtype) if prepack is None else prepack:
         model.pack()
     return model.eval()
+
+
+def quantize(model: CausalLM, quantization: str | None, device: torch.device) -> None:
+    """Swap the quantized product method into the model's quantizable linears (after loading,
+    before packing: it quantizes the loaded full-precision weights)."""
+    if quantization in (None, "none"):
+        return
+    if quantization != "int8":
+        raise ValueError(f"unknown quantization {quantization!r}; known: none, int8")
+    if device.type != "cpu":
+        raise ValueError("quantization int8 runs on CPU only (torch's int8 weight kernel)")
+    for layer in model.quantizable_linears():
+        layer.quantize_int8()
 
 
 @torch.no_grad()

@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from runtime.contracts.errors import UnsupportedModel
-from runtime.models.base import CausalLM
 from runtime.contracts.model_config import ModelConfig
+from runtime.models.base import CausalLM
 from runtime.models.llama import LlamaForCausalLM
 from runtime.models.qwen2 import Qwen2ForCausalLM
 from runtime.models.qwen3 import Qwen3ForCausalLM
-
-if TYPE_CHECKING:
-    from runtime.parallel.group import TensorParallel
+from runtime.parallel.context import ParallelContext
 
 MODEL_REGISTRY: dict[str, type[CausalLM]] = {
     arch: cls for cls in (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM) for arch in cls.architectures
@@ -22,10 +18,10 @@ MODEL_REGISTRY: dict[str, type[CausalLM]] = {
 
 
 def build_model(
-    model_config: ModelConfig, dtype: torch.dtype, device: torch.device, tp: TensorParallel | None = None
+    model_config: ModelConfig, dtype: torch.dtype, device: torch.device, tp: ParallelContext | None = None
 ) -> CausalLM:
-    """An unloaded model (uninitialized weights) on `device`, this rank's part of it under `tp`;
-    fill it with `load_weights`."""
+    """An unloaded model (uninitialized weights) on `device`, this rank's part of it under `tp`
+    (a `runtime.parallel.group.TensorParallel`); fill it with `load_weights`."""
     cls = MODEL_REGISTRY.get(model_config.architecture)
     if cls is None:
         raise UnsupportedModel(

@@ -37,7 +37,7 @@ from runtime.contracts import env
 from runtime.parallel import shm_collectives
 from runtime.contracts.ipc import IpcDir, PullSocket, PushSocket, new_context
 from runtime.contracts.messages import TPSharedMemory
-from runtime.parallel.sharding import ShardPlan, even_split
+from runtime.parallel.sharding import ShardPlan
 from runtime.parallel.shm_collectives import ShmCollectives
 
 IDLE_TIMEOUT = datetime.timedelta(days=30)
@@ -167,17 +167,6 @@ class TensorParallel:
 
     plan: ShardPlan
     group: TPGroup
-
-    def gather_vocab(self, local_logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
-        """[N, local vocab] on each rank -> [N, vocab] on every rank (slices padded to one width
-        for the gather, then trimmed)."""
-        plan = self.plan
-        pad = plan.vocab_stride - local_logits.shape[1]
-        if pad:
-            local_logits = torch.nn.functional.pad(local_logits, (0, pad))
-        parts = self.group.all_gather(local_logits)
-        widths = [len(even_split(vocab_size, plan.size, r)) for r in range(plan.size)]
-        return torch.cat([parts[r, :, :w] for r, w in enumerate(widths)], dim=1)
 
 
 def init_tp_group(rank: int, size: int, ipc_path: str, device: torch.device) -> TPGroup:

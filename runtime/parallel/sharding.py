@@ -1,4 +1,4 @@
-"""Which part of the model each tensor-parallel rank holds, and how a full tensor is cut for it.
+"""Which part of the model each tensor-parallel rank holds, as ranges of global indices.
 
 Megatron's layout, as SGLang and vLLM use it:
   - qkv_proj and gate_up_proj are column-parallel: a rank holds the rows of its heads (q rows of
@@ -13,19 +13,16 @@ first ranks take one more when they do not divide), so the default model's 9 que
 split 6+3 over two ranks; SGLang requires even splits and would refuse it. With fewer KV heads
 than ranks, each KV head is replicated on `size // num_kv_heads` ranks that split its query heads.
 
-Pure Python over ranges; `slice_param` is the only function that touches tensors.
+Pure Python over ranges, no torch: the parallel layers (runtime/parallel/layers.py) cut the
+checkpoint's tensors to these ranges when they load them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 from runtime.contracts.errors import InvalidRequest
 from runtime.contracts.model_config import ModelConfig
-
-if TYPE_CHECKING:
-    import torch
 
 
 def even_split(total: int, parts: int, index: int) -> range:
@@ -79,33 +76,15 @@ class ShardPlan:
             intermediate_size=len(self.intermediate),
         )
 
-    def slice_param(self, name: str, shard: int, full: torch.Tensor) -> torch.Tensor:
-        """This rank's part of `full`, the whole tensor (or one fused shard: q/k/v of qkv_proj,
-        gate/up of gate_up_proj) of our parameter `name`."""
-        module, kind = _module_and_kind(name)
-        d = self.head_dim
-        if module == "qkv_proj":
-            heads = self.q_heads if shard == 0 else self.kv_heads
-            return full.narrow(0, heads.start * d, len(heads) * d)
-        if module == "gate_up_proj":
-            return _narrow(full, 0, self.intermediate)
-        if module in ("o_proj", "down_proj"):
-            if kind == "bias":  # added once, after the all-reduce sums the partial outputs
-                return full if self.rank == 0 else full.new_zeros(full.shape)
-            cols = range(self.q_heads.start * d, self.q_heads.stop * d) if module == "o_proj" else self.intermediate
-            return _narrow(full, 1, cols)
-        if module in ("embed_tokens", "lm_head"):
-            return _narrow(full, 0, self.vocab)
-        return full  # norms: replicated
+    @property
+    def q_rows(self) -> range:
+        """This rank's rows of q in qkv_proj, which are also its input columns of o_proj."""
+        return range(self.q_heads.start * self.head_dim, self.q_heads.stop * self.head_dim)
 
-
-def _narrow(t: torch.Tensor, dim: int, part: range) -> torch.Tensor:
-    return t.narrow(dim, part.start, len(part))
-
-
-def _module_and_kind(name: str) -> tuple[str, str]:
-    parts = name.split(".")
-    return (parts[-2] if len(parts) >= 2 else "", parts[-1])
+    @property
+    def kv_rows(self) -> range:
+        """This rank's rows of k (and of v) in qkv_proj."""
+        return range(self.kv_heads.start * self.head_dim, self.kv_heads.stop * self.head_dim)
 
 
 def check_shardable(cfg: ModelConfig, size: int) -> None:

@@ -29,6 +29,7 @@ import pytest
 import torch
 
 import kernels.linear
+from kernels.linear import DENSE, Int8LinearMethod
 from runtime.execution.static_batch import StaticBatch
 
 pytestmark = pytest.mark.slow
@@ -80,7 +81,8 @@ def _greedy_and_scored(engine: StaticBatch, prompts: list[list[int]],
 
 
 class CountingInt8:
-    """Counts calls of the int8 kernel (kernels.linear._int8_linear) while installed."""
+    """Counts calls of the int8 kernel (kernels.linear._int8_linear, which Int8LinearMethod calls)
+    while installed."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.calls = 0
@@ -100,8 +102,8 @@ def test_int8_meets_the_accuracy_bar(default_model_path: str, default_tokenizer,
     kw = dict(dtype=dtype, max_total_tokens=2048, max_running_requests=CHAT_PROMPTS)
     plain = StaticBatch.create(default_model_path, **kw)
     int8 = StaticBatch.create(default_model_path, quantization="int8", **kw)
-    assert int8.runner.model.model.layers[0].mlp.down_proj.q_weight is not None
-    assert int8.runner.model.lm_head.q_weight is None  # full precision, see CausalLM.quantize_int8
+    assert isinstance(int8.runner.model.model.layers[0].mlp.down_proj.method, Int8LinearMethod)
+    assert int8.runner.model.lm_head.method is DENSE  # full precision, see CausalLM.quantizable_linears
     counter = CountingInt8(monkeypatch)
     references, bases = _greedy_and_scored(plain, prompts, NEW_TOKENS)
     assert counter.calls == 0  # the references are the unquantized model's own

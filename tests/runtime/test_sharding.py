@@ -1,11 +1,11 @@
-"""The tensor-parallel partition (pure ranges) and the cutting of whole tensors into rank parts."""
+"""The tensor-parallel partition: pure ranges (the layers that cut tensors to them are tested in
+test_parallel_layers.py)."""
 
 from __future__ import annotations
 
 import dataclasses
 
 import pytest
-import torch
 
 from runtime.contracts.errors import InvalidRequest
 from runtime.contracts.model_config import ModelConfig
@@ -38,6 +38,7 @@ def test_default_model_shape_splits_by_kv_head() -> None:
     assert (p0.kv_heads, p0.q_heads) == (range(0, 2), range(0, 6))
     assert (p1.kv_heads, p1.q_heads) == (range(2, 3), range(6, 9))
     assert p0.vocab_stride == 6 and (p0.vocab, p1.vocab) == (range(0, 6), range(6, 11))
+    assert (p0.q_rows, p0.kv_rows, p1.q_rows, p1.kv_rows) == (range(0, 12), range(0, 4), range(12, 18), range(4, 6))
     local = p1.local_config(BASE)
     assert (local.num_heads, local.num_kv_heads, local.intermediate_size, local.vocab_size) == (3, 1, 5, 11)
 
@@ -57,33 +58,7 @@ def test_impossible_splits_name_tp_size(changes: dict, size: int) -> None:
     assert err.value.param == "tp_size"
 
 
-def test_column_parts_concatenate_to_the_whole() -> None:
-    d, cfg = BASE.head_dim, BASE
-    q = torch.randn(cfg.num_heads * d, 16)
-    k = torch.randn(cfg.num_kv_heads * d, 16)
-    ps = plans(cfg, 2)
-    assert torch.equal(torch.cat([p.slice_param("l.qkv_proj.weight", 0, q) for p in ps]), q)
-    assert torch.equal(torch.cat([p.slice_param("l.qkv_proj.weight", 1, k) for p in ps]), k)
-    up = torch.randn(cfg.intermediate_size, 16)
-    assert torch.equal(torch.cat([p.slice_param("l.gate_up_proj.weight", 1, up) for p in ps]), up)
-    emb = torch.randn(cfg.vocab_size, 16)
-    assert torch.equal(torch.cat([p.slice_param("model.embed_tokens.weight", 0, emb) for p in ps]), emb)
-
-
-def test_row_parallel_partial_products_sum_to_the_whole() -> None:
-    """o_proj: each rank multiplies its heads' columns; the all-reduce's sum is the full product,
-    with the bias counted once (rank 0's)."""
-    x = torch.randn(3, BASE.num_heads * BASE.head_dim, dtype=torch.float64)
-    w = torch.randn(16, BASE.num_heads * BASE.head_dim, dtype=torch.float64)
-    b = torch.randn(16, dtype=torch.float64)
-    total = torch.zeros(3, 16, dtype=torch.float64)
-    for p in plans(BASE, 2):
-        cols = range(p.q_heads.start * BASE.head_dim, p.q_heads.stop * BASE.head_dim)
-        x_local = x[:, cols.start : cols.stop]
-        total += x_local @ p.slice_param("l.o_proj.weight", 0, w).T + p.slice_param("l.o_proj.bias", 0, b)
-    assert torch.allclose(total, x @ w.T + b)
-
-
-def test_norms_are_replicated() -> None:
-    norm = torch.randn(16)
-    assert all(p.slice_param("model.layers.0.input_layernorm.weight", 0, norm) is norm for p in plans(BASE, 2))
+def test_one_rank_holds_everything() -> None:
+    (p,) = plans(BASE, 1)
+    assert (p.q_heads, p.kv_heads, p.intermediate, p.vocab) == (range(9), range(3), range(10), range(11))
+    assert p.local_config(BASE) == BASE
