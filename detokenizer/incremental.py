@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 from runtime.contracts.stop import find_stop, partial_stop_suffix_len
 
@@ -263,8 +263,8 @@ class DecodeStateTable:
         return deltas
 
     def _decode_many(self, seqs: list[list[int]], skip: bool, spaces: bool) -> list[str]:
-        batch_decode: Callable[..., list[str]] | None
-        batch_decode = getattr(self.tokenizer, "batch_decode", None)
+        # batch_decode is not part of the protocol (some tokenizers lack it); getattr gives Any.
+        batch_decode = cast("Callable[..., list[str]] | None", getattr(self.tokenizer, "batch_decode", None))
         if batch_decode is not None:
             return batch_decode(
                 seqs, skip_special_tokens=skip, spaces_between_special_tokens=spaces

@@ -72,7 +72,7 @@ class AttentionBackend(ABC):
             cached prefix and the new tokens up to and including itself.
         """
 
-    def init_cuda_graph(self, sizes: list[int], max_pages: int) -> None:
+    def init_cuda_graph(self, sizes: list[int], max_pages: int) -> None:  # noqa: B027 (optional hook)
         """Prepare per-batch-size state for decode graphs of these sizes (default: none needed)."""
 
     def plan_cuda_graph(self, size: int, meta: ForwardMetadata) -> None:

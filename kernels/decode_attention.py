@@ -76,6 +76,7 @@ class DecodeAttention:
         if self.shared_index is None:
             return self._own(layer_id, q, with_lse=False)[0].reshape(batch, self.num_heads * d)
         own, own_lse = self._own(layer_id, q, with_lse=True)
+        assert own_lse is not None  # asked for
         shared, shared_lse = self._shared(layer_id, q)
         return cascade.merge(own, own_lse, shared, shared_lse).reshape(batch, self.num_heads * d)
 

@@ -53,7 +53,8 @@ class FlashInferAttentionBackend(AttentionBackend):
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.q_dtype = q_dtype
-        self.use_tensor_cores = decode_uses_tensor_cores(num_heads, num_kv_heads, str(pool.dtype).removeprefix("torch."))  # float16 / bfloat16
+        kv_dtype = str(pool.dtype).removeprefix("torch.")  # float16 / bfloat16
+        self.use_tensor_cores = decode_uses_tensor_cores(num_heads, num_kv_heads, kv_dtype)
         # FlashInfer asks for a zeroed workspace on first use (its split-KV kernels read regions
         # a forward may not have written).
         self.workspace = torch.zeros(workspace_bytes, dtype=torch.uint8, device=pool.device)

@@ -7,7 +7,8 @@ Facts from FlashInfer 0.6.x's source that the rules encode:
 - Its CUDA-core decode kernel dispatches only GQA group sizes 1, 2, 3, 4 and 8
   (`DISPATCH_GQA_GROUP_SIZE` in include/flashinfer/utils.cuh); other groups raise "Unsupported
   group_size" in plan() (5 in Qwen2.5-14B, 7 in Qwen2.5-7B) and need the tensor-core decode,
-  which runs the prefill kernels with one query per request. SGLang also prefers tensor cores from group 4 up in 16-bit KV (faster there).
+  which runs the prefill kernels with one query per request. SGLang also prefers tensor cores
+  from group 4 up in 16-bit KV (faster there).
 - There are fp16 and bf16 kernels, no fp32 ones.
 - Kernels are JIT-compiled with `nvcc` on first use unless a prebuilt kernel package
   (`flashinfer-jit-cache`, `flashinfer-cubin`) is installed; FA3 prefill kernels (what `auto`

@@ -11,8 +11,8 @@ from collections import OrderedDict
 
 import torch
 
-from runtime.contracts.sampling import SamplingParams
 from kernels.transfer import upload
+from runtime.contracts.sampling import SamplingParams
 
 BIAS_CACHE_ENTRIES = 4096
 # A request's logit_bias as (token ids, values) device tensors, built once: keyed by the identity

@@ -14,7 +14,9 @@ from torch import nn
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float, dtype: torch.dtype | None = None, device: torch.device | None = None) -> None:
+    def __init__(
+        self, dim: int, eps: float, dtype: torch.dtype | None = None, device: torch.device | None = None
+    ) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim, dtype=dtype, device=device), requires_grad=False)
         self.eps = eps

@@ -1,7 +1,7 @@
 """Rotary position embedding, "rotate_half" layout (Llama/Qwen checkpoints in HF format).
 
 The cos/sin table is computed once in fp32 for every position up to max_position_embeddings;
-a forward step looks up its positions once (`lookup`) and every layer reuses the result (`apply`).
+a forward step looks up its positions once (`lookup`) and every layer reuses the result (`rotate`).
 """
 
 from __future__ import annotations
@@ -48,8 +48,10 @@ class RotaryEmbedding(nn.Module):
     """Holds the table [max_positions, 2 * head_dim]: cos then sign-folded sin, per position.
 
     The angles are computed in fp32 and the table is stored in the activation dtype, as HF does
-    (cos/sin cast to q's dtype); `apply` then costs three ops in that dtype (cat, mul, addcmul).
+    (cos/sin cast to q's dtype); `rotate` then costs three ops in that dtype (cat, mul, addcmul).
     """
+
+    cos_sin: torch.Tensor  # the registered buffer
 
     def __init__(
         self,
@@ -76,7 +78,7 @@ class RotaryEmbedding(nn.Module):
         return RotaryRows(rows[..., : self.head_dim], rows[..., self.head_dim :], table)
 
     @staticmethod
-    def apply(x: torch.Tensor, rows: RotaryRows) -> torch.Tensor:
+    def rotate(x: torch.Tensor, rows: RotaryRows) -> torch.Tensor:
         """x [T, heads, head_dim] rotated by its positions' angles: x * cos + rotate_half(x) * sin.
         (Our C++ kernel `rotary(x, rows.table)` computes the same, with the same roundings.)"""
         cos, sin = rows.cos, rows.sin

@@ -34,9 +34,9 @@ from itertools import chain
 
 import torch
 
-from runtime.contracts.sampling import SamplingParams
 from kernels.logit_bias import request_bias
 from kernels.transfer import upload, upload_tensor
+from runtime.contracts.sampling import SamplingParams
 
 Device = torch.device | str
 _MASK64 = (1 << 64) - 1
@@ -57,6 +57,17 @@ class RowGroup:
     width: int  # first candidate width to try
 
 
+@dataclass(frozen=True)
+class Penalties:
+    """The penalised (row, token) pairs of a step: flat indices into [B * V], fp32 values per pair."""
+
+    index: torch.Tensor  # int64 [N] (row, token) pairs seen in the output
+    count: torch.Tensor  # fp32 [N] occurrences of that token in that output
+    freq: torch.Tensor  # fp32 [N] the row's frequency penalty
+    pres: torch.Tensor  # fp32 [N] the row's presence penalty
+    rep: torch.Tensor  # fp32 [N] the row's repetition penalty
+
+
 @dataclass
 class SamplingBatch:
     """Per-row sampling state for one step, built on the host once per step.
@@ -71,18 +82,14 @@ class SamplingBatch:
     live_index: torch.Tensor | None = None  # int64 [L] the same on device; None when L == B
     temperatures: torch.Tensor | None = None  # fp32 [L, 1]
     groups: list[RowGroup] = field(default_factory=list)
-    pen_index: torch.Tensor | None = None  # int64 [N] (row, token) pairs seen in the output
-    pen_count: torch.Tensor | None = None  # fp32 [N] occurrences of that token in that output
-    pen_freq: torch.Tensor | None = None  # fp32 [N] the row's frequency penalty
-    pen_pres: torch.Tensor | None = None  # fp32 [N] the row's presence penalty
-    pen_rep: torch.Tensor | None = None  # fp32 [N] the row's repetition penalty
+    penalties: Penalties | None = None
     bias_index: torch.Tensor | None = None  # int64 [M]
     bias_value: torch.Tensor | None = None  # fp32 [M]
     block_index: torch.Tensor | None = None  # int64 [K] set to -inf (min_new_tokens)
 
     @property
     def needs_logit_processing(self) -> bool:
-        return any(t is not None for t in (self.pen_index, self.bias_index, self.block_index))
+        return any(t is not None for t in (self.penalties, self.bias_index, self.block_index))
 
     @classmethod
     def build(
@@ -114,7 +121,7 @@ class SamplingBatch:
         return batch
 
     def _build_sampling(
-        self, params: list[SamplingParams], outs: list[list[int]], device: Device
+        self, params: list[SamplingParams], outs: list[list[int]], device: torch.device
     ) -> None:
         vocab = self.vocab_size
         self.live_rows = [i for i, p in enumerate(params) if not p.is_greedy]
@@ -150,11 +157,13 @@ class SamplingBatch:
             vals = torch.tensor([getattr(p, attr) for p in params], dtype=torch.float32)
             return upload_tensor(vals[key_rows], device)
 
-        self.pen_index = upload_tensor(keys, device)
-        self.pen_count = upload_tensor(counts.to(torch.float32), device)
-        self.pen_freq = per_key("frequency_penalty")
-        self.pen_pres = per_key("presence_penalty")
-        self.pen_rep = per_key("repetition_penalty")
+        self.penalties = Penalties(
+            index=upload_tensor(keys, device),
+            count=upload_tensor(counts.to(torch.float32), device),
+            freq=per_key("frequency_penalty"),
+            pres=per_key("presence_penalty"),
+            rep=per_key("repetition_penalty"),
+        )
 
     def _build_bias(self, params: list[SamplingParams], device: Device) -> None:
         rows = [(row, request_bias(p, self.vocab_size, torch.device(device)))
@@ -224,11 +233,13 @@ def apply_penalties_and_bias(logits: torch.Tensor, batch: SamplingBatch) -> None
     assert logits.dtype == torch.float32 and logits.is_contiguous(), "fp32 contiguous logits"
     assert logits.shape == (batch.batch_size, batch.vocab_size), "logits shape != batch"
     flat = logits.view(-1)
-    if batch.pen_index is not None:
-        vals = flat[batch.pen_index]
-        vals = torch.where(vals > 0, vals / batch.pen_rep, vals * batch.pen_rep)
-        flat[batch.pen_index] = vals - batch.pen_freq * batch.pen_count - batch.pen_pres
+    pen = batch.penalties
+    if pen is not None:
+        vals = flat[pen.index]
+        vals = torch.where(vals > 0, vals / pen.rep, vals * pen.rep)
+        flat[pen.index] = vals - pen.freq * pen.count - pen.pres
     if batch.bias_index is not None:
+        assert batch.bias_value is not None  # set together with bias_index
         flat.index_add_(0, batch.bias_index, batch.bias_value)
     if batch.block_index is not None:
         flat.index_fill_(0, batch.block_index, float("-inf"))
@@ -343,6 +354,7 @@ def _draw(
     """Sample the live rows group by group; greedy rows take argmax."""
     rows = batch.live_index
     sub = logits if rows is None else logits[rows]
+    assert batch.temperatures is not None  # built for every batch with a live row
     probs = torch.softmax(sub / batch.temperatures, dim=-1)
     sampled = torch.empty(len(batch.live_rows), dtype=torch.int64, device=logits.device)
     for group in batch.groups:
@@ -372,10 +384,7 @@ def sample(
     """
     assert logits.dim() == 2 and logits.shape[0] == batch.batch_size, "logits must be [B, V]"
     logits = logits.float()
-    if batch.is_all_greedy:
-        next_ids = logits.max(dim=-1).indices
-    else:
-        next_ids = _draw(logits, batch, generator)
+    next_ids = logits.max(dim=-1).indices if batch.is_all_greedy else _draw(logits, batch, generator)
     nums = top_logprobs_num
     if not isinstance(nums, list):
         nums = [nums] * batch.batch_size

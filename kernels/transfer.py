@@ -36,7 +36,9 @@ STATS = TransferStats()
 Device = torch.device | str
 
 
-def upload(values: Sequence[int] | Sequence[float] | Sequence[list[float]], dtype: torch.dtype, device: Device) -> torch.Tensor:
+def upload(
+    values: Sequence[int] | Sequence[float] | Sequence[list[float]], dtype: torch.dtype, device: Device
+) -> torch.Tensor:
     """`values` as a tensor on `device`, copied without blocking the host."""
     STATS.uploads += 1
     device = torch.device(device)

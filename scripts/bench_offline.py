@@ -27,6 +27,7 @@ import random
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -138,7 +139,7 @@ def main() -> None:
         from runtime.support.default_model import ensure_default_model
 
         model_path = ensure_default_model()
-    vocab = 49152 if args.model_path is None else json.load(open(os.path.join(model_path, "config.json")))["vocab_size"]
+    vocab = 49152 if args.model_path is None else json.loads(Path(model_path, "config.json").read_text())["vocab_size"]
     common = dict(max_running_requests=args.max_running_requests, max_total_tokens=131072)
     if args.workload == "overlap":
         return bench_overlap(args, model_path, vocab, common)

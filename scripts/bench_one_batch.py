@@ -78,8 +78,9 @@ def main() -> None:
     max_batch = max(args.batch_size)
     tokens = max_batch * (args.input_len + args.output_len + 16)
     ours = StaticBatch.create(
-        model_path, dtype=args.dtype, load_format=args.load_format, max_total_tokens=tokens, quantization=args.quantization,
-        max_running_requests=max_batch, context_length=args.input_len + args.output_len + 16,
+        model_path, dtype=args.dtype, load_format=args.load_format, max_total_tokens=tokens,
+        quantization=args.quantization, max_running_requests=max_batch,
+        context_length=args.input_len + args.output_len + 16,
     )
     vocab = ours.runner.vocab_size
     args.dtype = ours.runner.loaded.config.dtype  # "auto" resolved, for HF and the results
@@ -96,18 +97,22 @@ def main() -> None:
         bench_hf(hf, warm, 4, pad_id=0)
 
     rows = []
-    header = f"{'batch':>5} | {'ours prefill s':>14} | {'ours decode tok/s':>17} | {'HF prefill s':>12} | {'HF decode tok/s':>15} | {'decode ratio':>12}"
+    header = (f"{'batch':>5} | {'ours prefill s':>14} | {'ours decode tok/s':>17} | {'HF prefill s':>12} | "
+              f"{'HF decode tok/s':>15} | {'decode ratio':>12}")
     print(header)
     print("-" * len(header))
     for batch in args.batch_size:
         prompts = random_prompts(batch, args.input_len, vocab, args.seed)
         o_prefill, o_decode = bench_ours(ours, prompts, args.output_len)
-        h_prefill, h_decode = bench_hf(hf, prompts, args.output_len, pad_id=0) if hf is not None else (float("nan"),) * 2
+        nan = float("nan")
+        h_prefill, h_decode = bench_hf(hf, prompts, args.output_len, pad_id=0) if hf is not None else (nan, nan)
         ratio = o_decode / h_decode if hf is not None else float("nan")
-        print(f"{batch:>5} | {o_prefill:>14.3f} | {o_decode:>17.1f} | {h_prefill:>12.3f} | {h_decode:>15.1f} | {ratio:>12.2f}")
+        print(f"{batch:>5} | {o_prefill:>14.3f} | {o_decode:>17.1f} | {h_prefill:>12.3f} | {h_decode:>15.1f} | "
+              f"{ratio:>12.2f}")
         rows.append(dict(
             bench="one_batch", date=datetime.datetime.now().isoformat(timespec="seconds"), batch_size=batch,
-            input_len=args.input_len, output_len=args.output_len, dtype=args.dtype, quantization=args.quantization, model=os.path.basename(model_path),
+            input_len=args.input_len, output_len=args.output_len, dtype=args.dtype, quantization=args.quantization,
+            model=os.path.basename(model_path),
             ours_prefill_s=o_prefill, ours_decode_tok_s=o_decode, hf_prefill_s=h_prefill, hf_decode_tok_s=h_decode,
             decode_ratio=ratio, threads=torch.get_num_threads(),
         ))

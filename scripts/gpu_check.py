@@ -95,7 +95,7 @@ def make_runner(path: str, backend: str, page_size: int, dry_run: bool, max_runn
     from runtime.contracts.config import ServerConfig
     from runtime.execution.model_runner import ModelRunner
     from runtime.execution.model_setup import load_model_for_serving
-from runtime.execution.resolve import resolve_config
+    from runtime.execution.resolve import resolve_config
 
     device = "cpu" if dry_run else "cuda"
     dtype = "float32" if dry_run else "bfloat16"
@@ -133,8 +133,8 @@ def check_backends(report: Report, root: Path, dry_run: bool) -> None:
 def _decode(runner, batch: int, steps: int) -> tuple[list[list[int]], list[torch.Tensor]]:
     """Greedy decode of `batch` requests (prompt 16 tokens each) for `steps` steps: each row's
     tokens, and each decode step's fp32 logits [batch, vocab] (on the CPU)."""
-    from runtime.execution.forward_batch import ForwardEntry
     from runtime.contracts.sampling import SamplingParams
+    from runtime.execution.forward_batch import ForwardEntry
 
     greedy = SamplingParams(temperature=0.0)
     region = 16 + steps + 1

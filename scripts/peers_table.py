@@ -310,7 +310,8 @@ def markdown(runs: list[dict], baseline: str) -> str:
                 why = run.get("problems") or [run.get("error") or run["status"]]
                 notes.append(f"- {labels[s]} / {w}: {run['status']}; " + "; ".join(why))
             acct = run.get("cpu_accounting") or {}
-            if acct.get("other_cpu_frac", 0) > NOISY_FRACTION or acct.get("steal_s", 0) > NOISY_FRACTION * acct.get("wall_s", 0):
+            steal_s, wall_s = acct.get("steal_s", 0), acct.get("wall_s", 0)
+            if acct.get("other_cpu_frac", 0) > NOISY_FRACTION or steal_s > NOISY_FRACTION * wall_s:
                 noisy.append(
                     f"- {labels[s]} / {w}: other processes used {acct['other_cpu_s']:.0f} CPU-s "
                     f"({100 * acct['other_cpu_frac']:.0f}% of the machine) during the run"
@@ -410,7 +411,7 @@ def cmd_report(args: argparse.Namespace) -> None:
         f.write("\n")
     flags = " ".join(k for k, v in cpu["flags"].items() if v) or "none of interest"
     print(f"\nCPU: {cpu.get('Model name', 'unknown')}, {cpu['nproc']} cores, flags: {flags}")
-    print(f"Versions: " + "; ".join(f"{k} {v}" for k, v in versions.items()))
+    print("Versions: " + "; ".join(f"{k} {v}" for k, v in versions.items()))
     print()
     print(table)
     print(f"\nAll numbers, commands and versions: {args.out}")

@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -27,7 +28,7 @@ def main() -> None:
     args = p.parse_args()
     plt = _plt()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    tp = json.load(open(args.tp))["runs"]
+    tp = json.loads(Path(args.tp).read_text())["runs"]
     sizes = sorted({name.split("-")[0] for name in tp})
     for i, size in enumerate(sizes):
         values = [tp[f"{size}-{w}"]["output_throughput"] for w in ("c1", "c16")]
@@ -37,7 +38,7 @@ def main() -> None:
     left.legend()
     labels, values, rates = [], [], []
     for path in args.router:
-        report = json.load(open(path))
+        report = json.loads(Path(path).read_text())
         for run, name in (("direct", "direct"), ("1", "router+1"), ("2", "router+2")):
             if run == "direct" and labels and labels[0].startswith("direct"):
                 continue  # one direct bar is enough

@@ -41,8 +41,6 @@ from runtime.support.worker_process import KillableWorker, serve
 from tokenizer.openai.json_bounds import lone_surrogate_at
 
 
-
-
 class Templater(Protocol):
     """What rendering needs from the TokenizerManager (which imports this module)."""
 
@@ -205,7 +203,7 @@ class TemplateSandbox:
         if not self._lock.acquire(timeout=timeout_s):
             raise TimeoutError
         try:
-            return self._worker.ask(job, timeout_s)  # type: ignore[no-any-return]
+            return self._worker.ask(job, timeout_s)
         finally:
             self._lock.release()
 

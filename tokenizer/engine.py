@@ -137,7 +137,7 @@ class Engine:
                 chunk = self._call(_next(results))
                 if chunk is _DONE:
                     return
-                yield chunk  # type: ignore[misc]
+                yield chunk
         finally:
             if not self._closed:
                 self._call(_aclose(results))

@@ -113,6 +113,7 @@ def _prompts(body: dict[str, Any]) -> tuple[list[Any], str, bool]:
         raise InvalidRequest("give exactly one of text or input_ids", param="text")
     if text is not None:
         return _text_prompts(text), "text", isinstance(text, list)
+    assert ids is not None  # exactly one of the two was given
     is_batch = isinstance(ids, list) and len(ids) > 0 and isinstance(ids[0], list)
     prompts = ids if is_batch else [ids]
     for p in prompts:

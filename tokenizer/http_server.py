@@ -28,7 +28,7 @@ from runtime.contracts.config import ServerConfig
 from runtime.contracts.errors import InvalidRequest
 from tokenizer import browser_guard, native_api, openapi, token_routes
 from tokenizer.api_key import resolve_api_key
-from tokenizer.errors import HTTPError, Handler, auth_middleware, error_middleware, error_response
+from tokenizer.errors import Handler, HTTPError, auth_middleware, error_middleware, error_response
 from tokenizer.metrics import CONTENT_TYPE
 from tokenizer.openai import api as openai_api
 from tokenizer.server_state import Phase, ServerState

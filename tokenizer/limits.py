@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from runtime.contracts.errors import InvalidRequest
-from runtime.support.grammar_check import grammar_spec, validate_grammar_async
 from runtime.contracts.sampling import SamplingParams
+from runtime.support.grammar_check import grammar_spec, validate_grammar_async
 from tokenizer.generate_body import SingleRequest
 
 

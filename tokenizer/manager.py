@@ -29,8 +29,15 @@ from runtime.contracts.config import ServerConfig
 from runtime.contracts.errors import InvalidRequest, Overloaded, RuntimeCrashed
 from runtime.contracts.ipc import AsyncPullSocket, IpcDir, PushSocket, new_context
 from runtime.contracts.messages import (
-    FAILED_KEY, AbortReq, BatchStrOut, FlushCacheOut, FlushCacheReq, GenerateReq, GetStateReq,
-    SchedulerCrashed, StateOut,
+    FAILED_KEY,
+    AbortReq,
+    BatchStrOut,
+    FlushCacheOut,
+    FlushCacheReq,
+    GenerateReq,
+    GetStateReq,
+    SchedulerCrashed,
+    StateOut,
 )
 from runtime.contracts.sampling import SamplingParams
 from tokenizer.admission import PromptEncoder, check_admission
@@ -62,7 +69,9 @@ class TokenizerManager:
         self.config = config
         self.scheduler_info = scheduler_info
         self.vocab_size: int = scheduler_info["vocab_size"]
-        self.context_length: int = scheduler_info.get("context_length") or config.context_length
+        context_length = scheduler_info.get("context_length") or config.context_length
+        assert context_length is not None, "the scheduler reports its context length"
+        self.context_length: int = context_length
         self.limits = RequestLimits(
             vocab_size=self.vocab_size, context_length=self.context_length,
             kv_total=scheduler_info.get("max_total_tokens"), max_n=config.max_n,
@@ -233,7 +242,7 @@ class TokenizerManager:
         async for _ in self._updates(warm_group, warm, False):
             pass
         aborted = {s.rid.removesuffix(WARMUP_SUFFIX): s.finish_reason for s in warm
-                   if (s.finish_reason or {}).get("type") == "abort"}
+                   if s.finish_reason is not None and s.finish_reason.get("type") == "abort"}
         for parent, state in children:
             if state.finished:  # aborted by name before it was sent
                 continue

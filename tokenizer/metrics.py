@@ -30,7 +30,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
-    CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 

@@ -21,8 +21,19 @@ from typing import Any
 from tokenizer.errors import AUTH_EXEMPT_PATHS
 from tokenizer.native_api import VERSION
 from tokenizer.openapi_bodies import (
-    BOOL, Schema, SchemaLimits, abort_request, array, chat_message, chat_request,
-    completion_request, generate_request, obj, ref, sampling_properties, token_requests,
+    BOOL,
+    Schema,
+    SchemaLimits,
+    abort_request,
+    array,
+    chat_message,
+    chat_request,
+    completion_request,
+    generate_request,
+    obj,
+    ref,
+    sampling_properties,
+    token_requests,
 )
 
 __all__ = ["ROUTES", "Route", "SchemaLimits", "document"]

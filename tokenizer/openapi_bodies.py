@@ -19,7 +19,11 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from runtime.contracts.sampling import (
-    MAX_LOGIT_BIAS, MAX_LOGIT_BIAS_ENTRIES, MAX_STOP_STR_CHARS, MAX_STOP_STRS, MAX_STOP_TOKEN_IDS,
+    MAX_LOGIT_BIAS,
+    MAX_LOGIT_BIAS_ENTRIES,
+    MAX_STOP_STR_CHARS,
+    MAX_STOP_STRS,
+    MAX_STOP_TOKEN_IDS,
     SamplingParams,
 )
 from tokenizer.generate_body import MAX_CACHE_KEY_CHARS, MAX_RID_CHARS
@@ -181,7 +185,7 @@ def sampling_properties(lim: SchemaLimits) -> dict[str, Schema]:
 def generate_request(lim: SchemaLimits) -> Schema:
     """SGLang's /generate body (`tokenizer.generate_body`)."""
     ids, rid = array(integer(0, lim.vocab_size - 1), 1), string(1, MAX_RID_CHARS)
-    props = {
+    props: dict[str, Schema] = {
         "text": {"anyOf": [string(1), array(string(1), 1, lim.max_prompts)]},
         "input_ids": {"anyOf": [ids, array(ids, 1, lim.max_prompts)]},
         "sampling_params": {"anyOf": [ref("SamplingParams"),

@@ -35,7 +35,8 @@ class ServerConfig:
     """Every knob of a radixserve launch. Field names are the CLI names with underscores."""
 
     # Model.
-    model_path: str | None = _opt(None, "Hugging Face model folder or a .gguf file; default: the embedded SmolLM2-135M-Instruct")
+    model_path: str | None = _opt(
+        None, "Hugging Face model folder or a .gguf file; default: the embedded SmolLM2-135M-Instruct")
     tokenizer_path: str | None = _opt(None, "tokenizer folder; default: the model folder")
     load_format: str = _opt(
         "auto", "how to load weights: auto (safetensors, or gguf for a .gguf model_path), gguf (converted once "
@@ -47,14 +48,16 @@ class ServerConfig:
     quantization: str = _opt(
         "none", "weight-only quantization (CPU): int8 adds per-channel int8 weights that small-batch decode "
         "steps read (half the bytes of bf16); larger batches keep the full-precision weights", ("none", "int8"))
-    kv_cache_dtype: str = _opt("auto", "KV cache dtype; auto: the model dtype", ("auto", "float32", "bfloat16", "float16"))
+    kv_cache_dtype: str = _opt(
+        "auto", "KV cache dtype; auto: the model dtype", ("auto", "float32", "bfloat16", "float16"))
     context_length: int | None = _opt(None, "maximum tokens per request (prompt + output); default: the model's")
     served_model_name: str | None = _opt(None, "model name reported by the API; default: the model folder name")
     random_seed: int = _opt(0, "seed for dummy weights and for sampling without a per-request seed")
 
     # Hardware.
     device: str = _opt("auto", "compute device; auto: cuda when present, else cpu", ("auto", "cpu", "cuda"))
-    attention_backend: str = _opt("auto", "attention kernels; auto: flashinfer on CUDA, torch on CPU", ("auto", "torch", "flashinfer"))
+    attention_backend: str = _opt(
+        "auto", "attention kernels; auto: flashinfer on CUDA, torch on CPU", ("auto", "torch", "flashinfer"))
     num_threads: int | None = _opt(
         None, "CPU threads for torch in each scheduler process; default: all cores, shared out among the tensor-"
         "parallel ranks")
@@ -64,7 +67,8 @@ class ServerConfig:
     mem_fraction_static: float = _opt(0.85, "CUDA only: fraction of GPU memory for weights and KV cache")
 
     # Memory and scheduling.
-    max_total_tokens: int | None = _opt(None, "KV cache capacity in tokens; default: from free GPU memory, or 65536 on CPU")
+    max_total_tokens: int | None = _opt(
+        None, "KV cache capacity in tokens; default: from free GPU memory, or 65536 on CPU")
     max_running_requests: int | None = _opt(None, "most requests decoding at once; default: from the KV capacity")
     max_prefill_tokens: int = _opt(16384, "most new prompt tokens in one prefill batch")
     max_queued_requests: int = _opt(
@@ -74,7 +78,8 @@ class ServerConfig:
         None, "seconds a request may take from arrival to its end (a body's top-level `timeout` overrides it); "
         "past it, it ends with finish_reason abort; default: no deadline")
     max_prompts_per_request: int = _opt(256, "most prompts in one /generate or /v1/completions batch (400 above)")
-    chunked_prefill_size: int | None = _opt(None, "longest prompt chunk per step (-1 disables chunking); default: 2048 on CUDA, 512 on CPU")
+    chunked_prefill_size: int | None = _opt(
+        None, "longest prompt chunk per step (-1 disables chunking); default: 2048 on CUDA, 512 on CPU")
     page_size: int = _opt(1, "tokens per KV page")
     schedule_policy: str = _opt("fcfs", "order of the waiting queue", ("fcfs", "lpm", "dfs-weight"))
     enable_priority_scheduling: bool = _opt(
@@ -144,7 +149,8 @@ class ServerConfig:
     watchdog_timeout: float = _opt(
         300.0, "seconds the scheduler may go without finishing a loop iteration (a stuck forward) before it "
         "reports, fails every request and exits non-zero; 0 turns the watchdog off")
-    drain_timeout: float = _opt(30.0, "seconds in-flight requests get to finish after SIGTERM/SIGINT before they are aborted")
+    drain_timeout: float = _opt(
+        30.0, "seconds in-flight requests get to finish after SIGTERM/SIGINT before they are aborted")
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -220,7 +226,9 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
     names = {f.name for f in fields(ServerConfig)}
-    return ServerConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in vars(args).items() if k in names})
+    # argparse's Namespace is untyped; add_cli_arguments gave each flag its field's type.
+    values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in vars(args).items() if k in names}
+    return ServerConfig(**values)
 
 
 def config_from_kwargs(model_path: str | None = None, **kwargs: Any) -> ServerConfig:
@@ -238,5 +246,6 @@ def read_model_json(model_path: str, name: str) -> dict[str, Any]:
     if not os.path.exists(path):
         return {}
     with open(path) as fh:
-        return json.load(fh)
+        data: dict[str, Any] = json.load(fh)
+    return data
 

@@ -6,9 +6,13 @@ time, so tests can set a variable with `monkeypatch.setenv` and see it take effe
 | variable                | type | default               | meaning                                  |
 |-------------------------|------|-----------------------|------------------------------------------|
 | `RADIXSERVE_CACHE_DIR`  | path | `~/.cache/radixserve` | where converted models and caches live   |
-| `RADIXSERVE_CPU_CAPABILITY` | `auto`, `avx2`, `avx512`, `avx512_bf16`, `amx` | `auto` | override what `runtime.execution.device` reads of the CPU (dtype and prepacking choices) |
+| `RADIXSERVE_CPU_CAPABILITY` | `auto`, `avx2`, `avx512`, `avx512_bf16`, `amx` | `auto` | overrides what |
+|                         |      |                       | `runtime.execution.device` reads of the  |
+|                         |      |                       | CPU (dtype and prepacking choices)       |
 | `RADIXSERVE_CPU_KERNELS` | bool | `1` | use our C++ CPU kernels when built (0: torch ops only) |
-| `RADIXSERVE_CPU_KERNELS_MARCH` | `native`, `x86-64-v3` | `native` | the build of the C++ kernels to load (x86-64-v3: AVX2 only, for the AVX2 emulation run) |
+| `RADIXSERVE_CPU_KERNELS_MARCH` | `native`, `x86-64-v3` | `native` | the build of the C++ kernels |
+|                         |      |                       | to load (x86-64-v3: AVX2 only, for the   |
+|                         |      |                       | AVX2 emulation run)                      |
 | `RADIXSERVE_TP_SHM`     | bool | `1` | CPU tensor parallelism: collectives through shared memory (0: gloo only) |
 | `RADIXSERVE_API_KEY`    | str  | unset | the server's API key when neither `--api-key` nor `--api-key-file` is given |
 """

@@ -83,7 +83,7 @@ class ModelConfig:
 
 
 def _architecture(hf: dict[str, Any]) -> str:
-    archs = hf.get("architectures") or []
+    archs: list[str] = hf.get("architectures") or []
     supported = ", ".join(ARCHITECTURES)
     arch = next((a for a in archs if a in ARCHITECTURES), None)
     if arch is None:

@@ -168,13 +168,12 @@ class SamplingParams:
 
     def _check_list_types(self) -> None:
         stop = self.stop
-        if stop is not None and not isinstance(stop, str):
-            if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
-                raise InvalidRequest("stop must be a string or a list of strings", param="stop")
+        if (stop is not None and not isinstance(stop, str)
+                and (not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop))):
+            raise InvalidRequest("stop must be a string or a list of strings", param="stop")
         ids = self.stop_token_ids
-        if ids is not None:
-            if not isinstance(ids, (list, tuple)) or not all(_is_int(t) for t in ids):
-                raise _bad("stop_token_ids", "stop_token_ids must be a list of integers")
+        if ids is not None and (not isinstance(ids, (list, tuple)) or not all(_is_int(t) for t in ids)):
+            raise _bad("stop_token_ids", "stop_token_ids must be a list of integers")
         self.logit_bias_ids()
 
     def validate(self, vocab_size: int | None = None) -> None:

@@ -34,6 +34,8 @@ from runtime.execution.forward_batch import ForwardEntry
 from runtime.execution.step_inputs import StepInputs
 
 if TYPE_CHECKING:
+    from torch.cuda import _POOL_HANDLE
+
     from runtime.models.base import CausalLM
 
 logger = logging.getLogger("radixserve.cuda_graph")
@@ -99,7 +101,7 @@ class EagerGraph:
 class CapturedGraph:
     """A torch.cuda.CUDAGraph of `fn`, after warm-up runs on a side stream (as torch requires)."""
 
-    def __init__(self, fn: Callable[[], None], pool: object, stream: torch.cuda.Stream) -> None:
+    def __init__(self, fn: Callable[[], None], pool: _POOL_HANDLE | None, stream: torch.cuda.Stream | None) -> None:
         for _ in range(2):
             fn()
         torch.cuda.synchronize()

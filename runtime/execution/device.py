@@ -99,7 +99,8 @@ def detect_cpu_capability(torch_isa: str, cpuinfo_text: str, override: str, oned
     override = override.strip().lower()
     if override and override != "auto":
         if override not in OVERRIDES:
-            raise ValueError(f"{env.PREFIX}CPU_CAPABILITY must be one of auto, {', '.join(OVERRIDES)}; got {override!r}")
+            choices = ", ".join(OVERRIDES)
+            raise ValueError(f"{env.PREFIX}CPU_CAPABILITY must be one of auto, {choices}; got {override!r}")
         isa, flags = OVERRIDES[override]
         return CpuCapability(isa, flags, f"{env.PREFIX}CPU_CAPABILITY={override}", onednn_cap)
     lowered = torch_isa.lower()
@@ -184,7 +185,8 @@ def resolve_dtype(
     cpu = cpu or cpu_capability()
     if cpu.native_bf16:
         return torch.bfloat16, f"auto: this CPU computes bf16 natively: {cpu.describe()}"
-    return torch.float32, f"auto: this CPU has no native bf16 (bf16 would be emulated, several times slower): {cpu.describe()}"
+    why = "auto: this CPU has no native bf16 (bf16 would be emulated, several times slower)"
+    return torch.float32, f"{why}: {cpu.describe()}"
 
 
 def should_prepack(device: torch.device, dtype: torch.dtype, cpu: CpuCapability | None = None) -> bool:

@@ -15,8 +15,8 @@ import os
 from pathlib import Path
 
 from runtime.contracts import env
-from runtime.support.default_model import ensure_converted
 from runtime.contracts.errors import InvalidRequest
+from runtime.support.default_model import ensure_converted
 
 
 def is_gguf_path(path: str | None) -> bool:

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from kernels.base import AttentionBackend
-from runtime.contracts.config import ServerConfig, read_model_json
 from kernels.kv_pool import KVPool, ReqToTokenPool
+from runtime.contracts.config import ServerConfig, read_model_json
 from runtime.contracts.model_config import ModelConfig
 from runtime.execution.backends import make_backend
 from runtime.execution.device import DTYPES, rank_device, threads_per_rank

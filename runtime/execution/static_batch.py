@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 
 from radix.allocator import KVAllocator
 from runtime.contracts.config import ServerConfig
+from runtime.contracts.sampling import SamplingParams
 from runtime.execution.forward_batch import ForwardEntry
 from runtime.execution.model_runner import ForwardResult, ModelRunner
 from runtime.execution.model_setup import load_model_for_serving
 from runtime.execution.resolve import resolve_config
-from runtime.contracts.sampling import SamplingParams
 
 
 @dataclass

@@ -57,11 +57,11 @@ def rank_name(rank: int) -> str:
 
 def load_rank(config: ServerConfig, ipc_path: str, rank: int) -> LoadedModel:
     """Join the group (blocks until every rank has), then load this rank's part of the model."""
+    from runtime.contracts.model_config import ModelConfig
     from runtime.execution.device import rank_device
     from runtime.execution.model_setup import load_model_for_serving
-    from runtime.contracts.model_config import ModelConfig
-    from runtime.parallel.sharding import ShardPlan
     from runtime.parallel.group import TensorParallel, init_tp_group
+    from runtime.parallel.sharding import ShardPlan
 
     assert config.model_path is not None
     group = init_tp_group(rank, config.tp_size, ipc_path, rank_device(config.device, rank))

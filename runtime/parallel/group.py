@@ -33,10 +33,9 @@ import torch
 import torch.distributed as dist
 
 from runtime.contracts import env
-
-from runtime.parallel import shm_collectives
 from runtime.contracts.ipc import IpcDir, PullSocket, PushSocket, new_context
 from runtime.contracts.messages import TPSharedMemory
+from runtime.parallel import shm_collectives
 from runtime.parallel.sharding import ShardPlan
 from runtime.parallel.shm_collectives import ShmCollectives
 

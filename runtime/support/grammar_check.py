@@ -35,6 +35,7 @@ on a thread, off the event loop).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import threading
@@ -182,11 +183,9 @@ class GrammarChecker:
     def start(self) -> None:
         """Start the worker now (optional: the first check does it) to keep its start-up off
         the first grammar request's latency."""
-        with self._worker_lock:
-            try:
-                self._worker.ensure_started()
-            except (RuntimeError, OSError):
-                pass  # reported by the next check, which retries
+        # A failure to start is reported by the next check, which retries.
+        with self._worker_lock, contextlib.suppress(RuntimeError, OSError):
+            self._worker.ensure_started()
 
     def close(self) -> None:
         """Stop the worker (a later check starts a new one)."""

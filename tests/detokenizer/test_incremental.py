@@ -67,10 +67,8 @@ def _feed_all(state: DecodeState, ids: Sequence[int], sizes: Sequence[int]) -> l
 def _byte_token(tok: Any, byte: int) -> int:
     """The id of the single-byte token for `byte` (GPT-2 bytes_to_unicode mapping)."""
     printable = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
-    if byte in printable:
-        char = chr(byte)
-    else:
-        char = chr(256 + [b for b in range(256) if b not in printable].index(byte))
+    unprintable = [b for b in range(256) if b not in printable]
+    char = chr(byte) if byte in printable else chr(256 + unprintable.index(byte))
     token_id = tok.convert_tokens_to_ids(char)
     assert tok.decode([token_id]) in (FFFD, bytes([byte]).decode("latin-1"))
     return int(token_id)

@@ -32,8 +32,8 @@ def prefill(row: int, n: int) -> ForwardEntry:
 
 
 def chunk(row: int, start: int, n: int) -> ForwardEntry:
-    return ForwardEntry(row=row, input_ids=_ids(row, n, start), prefix_len=start, kv_write=_slots(row, start, start + n),
-                        kv_write_start=start)
+    return ForwardEntry(row=row, input_ids=_ids(row, n, start), prefix_len=start,
+                        kv_write=_slots(row, start, start + n), kv_write_start=start)
 
 
 def decode(row: int, length: int) -> ForwardEntry:

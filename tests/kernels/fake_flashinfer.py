@@ -68,7 +68,8 @@ class _Paged:
         p = self.planned
         assert p is not None, "plan() first"
         if q.dtype != p["q_data_type"]:
-            raise ValueError(f"The dtype of q {q.dtype} does not match the q_data_type {p['q_data_type']} specified in plan function.")
+            raise ValueError(f"The dtype of q {q.dtype} does not match the q_data_type {p['q_data_type']} "
+                             "specified in plan function.")
         k_cache, v_cache = paged_kv_cache
         if k_cache.dtype != p["kv_data_type"]:
             raise ValueError("The dtype of k does not match the kv_data_type specified in plan function.")
@@ -101,8 +102,9 @@ class BatchDecodeWithPagedKVCacheWrapper(_Paged):
     kind = "decode"
 
     def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str = "NHD", use_cuda_graph: bool = False,
-                 use_tensor_cores: bool = False, paged_kv_indptr_buffer: Any = None, paged_kv_indices_buffer: Any = None,
-                 paged_kv_last_page_len_buffer: Any = None, backend: str = "auto", jit_args: Any = None) -> None:
+                 use_tensor_cores: bool = False, paged_kv_indptr_buffer: Any = None,
+                 paged_kv_indices_buffer: Any = None, paged_kv_last_page_len_buffer: Any = None,
+                 backend: str = "auto", jit_args: Any = None) -> None:
         super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, dict(
             kv_indptr=paged_kv_indptr_buffer, indices=paged_kv_indices_buffer,
             last_page_len=paged_kv_last_page_len_buffer) if use_cuda_graph else {})

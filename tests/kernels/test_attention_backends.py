@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from kernels.base import ForwardMetadata
-from kernels.torch_backend import TorchAttentionBackend
 from kernels.kv_pool import KVPool
+from kernels.torch_backend import TorchAttentionBackend
 
 HEADS, KV_HEADS, DIM, LAYERS = 6, 2, 16, 2
 
@@ -28,7 +28,8 @@ def _metadata(page_lists: list[list[int]], seq_lens: list[int], extend_lens: lis
         extend_lens=extend_lens,
         qo_indptr_host=cum(extend_lens),
         kv_indptr_host=cum([len(p) for p in page_lists]),
-        kv_last_page_len_host=torch.tensor([n - (len(p) - 1) * ps for p, n in zip(page_lists, seq_lens)], dtype=torch.int32),
+        kv_last_page_len_host=torch.tensor(
+            [n - (len(p) - 1) * ps for p, n in zip(page_lists, seq_lens)], dtype=torch.int32),
     )
 
 
@@ -195,8 +196,11 @@ def test_shared_prefix_is_attended_once(dtype: torch.dtype, tol: float, page_siz
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
-@pytest.mark.parametrize("head_dim,kv_heads,group", [(64, 3, 3), (128, 2, 4), (16, 2, 3)])  # specialised, specialised, generic
-def test_cpp_decode_kernel_matches_sdpa(dtype: torch.dtype, tol: float, head_dim: int, kv_heads: int, group: int) -> None:
+# The first two hit specialised (head_dim, group) kernels, the last the generic one.
+@pytest.mark.parametrize("head_dim,kv_heads,group", [(64, 3, 3), (128, 2, 4), (16, 2, 3)])
+def test_cpp_decode_kernel_matches_sdpa(
+    dtype: torch.dtype, tol: float, head_dim: int, kv_heads: int, group: int
+) -> None:
     """The kernel alone against SDPA over gathered KV, ragged lengths, scattered slots; its
     log-sum-exp against the exact one."""
     kernels = _kernels(True)
@@ -209,7 +213,7 @@ def test_cpp_decode_kernel_matches_sdpa(dtype: torch.dtype, tol: float, head_dim
     q = torch.randn(len(lens), kv_heads * group, head_dim, generator=gen).to(dtype)
     out, lse = kernels.decode_attention(q, k_pool, v_pool, slots, indptr, head_dim**-0.5)
     assert out.dtype == dtype and lse.dtype == torch.float32 and lse.shape == (len(lens), kv_heads * group)
-    for b, n in enumerate(lens):
+    for b in range(len(lens)):
         s = slots[indptr[b] : indptr[b + 1]]
         k = k_pool[s].float().repeat_interleave(group, dim=1).transpose(0, 1)  # [H, n, D]
         v = v_pool[s].float().repeat_interleave(group, dim=1).transpose(0, 1)

@@ -87,7 +87,7 @@ def test_rotary_on_strided_rows(kernels, dtype: torch.dtype) -> None:
     qkv = torch.randn(9, (4 + 2 + 2) * 32, generator=gen).to(dtype)
     qk = qkv[:, : 6 * 32].view(9, 6, 32)  # rows strided by the v columns, as in the model
     rows = rotary.lookup(torch.tensor([0, 1, 2, 50, 51, 127, 3, 3, 9]))
-    _close(kernels.rotary(qk, rows.table), RotaryEmbedding.apply(qk, rows))
+    _close(kernels.rotary(qk, rows.table), RotaryEmbedding.rotate(qk, rows))
 
 
 @pytest.mark.parametrize("dtype,tol", [("float32", 1e-5), ("bfloat16", 2e-2)])

@@ -8,8 +8,8 @@ import stat
 import pytest
 
 from kernels.flashinfer_support import decode_uses_tensor_cores, find_nvcc, jit_problem, unsupported_dtype
-from runtime.execution.device import choose_attention_backend
 from runtime.contracts.errors import InvalidRequest
+from runtime.execution.device import choose_attention_backend
 
 
 @pytest.mark.parametrize("heads,kv_heads,kv_dtype,expected", [
@@ -27,7 +27,8 @@ def test_tensor_core_decode(heads, kv_heads, kv_dtype, expected) -> None:
 
 def test_fp32_has_no_flashinfer_kernels() -> None:
     assert unsupported_dtype("bfloat16", "bfloat16") is None and unsupported_dtype("float16", "float16") is None
-    assert "float32" in unsupported_dtype("float32", "float32") and "--dtype bfloat16" in unsupported_dtype("float32", "float32")
+    fp32 = unsupported_dtype("float32", "float32")
+    assert fp32 is not None and "float32" in fp32 and "--dtype bfloat16" in fp32
     assert "kv_cache_dtype" in unsupported_dtype("bfloat16", "float32")
 
 

@@ -28,8 +28,16 @@ from typing import Any
 from runtime.contracts.codec import TypeDispatcher, encode
 from runtime.contracts.config import ServerConfig, read_model_json
 from runtime.contracts.messages import (
-    AbortReq, BatchTokenOut, ChildReady, FlushCacheOut, FlushCacheReq, GenerateReq, GetStateReq,
-    SchedulerCrashed, ShutdownReq, StateOut,
+    AbortReq,
+    BatchTokenOut,
+    ChildReady,
+    FlushCacheOut,
+    FlushCacheReq,
+    GenerateReq,
+    GetStateReq,
+    SchedulerCrashed,
+    ShutdownReq,
+    StateOut,
 )
 from scheduler.process import SocketIO
 

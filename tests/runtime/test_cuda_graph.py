@@ -7,13 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from runtime.contracts.sampling import SamplingParams
 from runtime.execution.cuda_graph import bucket_for, capture_batch_sizes, default_max_bs, pad_entries, padding_entry
 from runtime.execution.forward_batch import ForwardEntry
-from runtime.contracts.sampling import SamplingParams
 from tests.kernels import fake_flashinfer as fake_module
-from tests.runtime.tiny_runner import SHAPES, fake_flashinfer  # noqa: F401 (a fixture)
-from tests.runtime.tiny_runner import make_runner, write_config
-
+from tests.runtime.tiny_runner import SHAPES, fake_flashinfer, make_runner, write_config  # noqa: F401 (a fixture)
 
 GREEDY = SamplingParams(temperature=0.0)
 

@@ -10,12 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from runtime.support import default_model
-
 from runtime.contracts import env
-from tokenizer.cli import main as cli_main
+from runtime.support import default_model
 from runtime.support.default_model import DEFAULT_MODEL_NAME, REQUIRED_FILES, ensure_default_model
-
+from tokenizer.cli import main as cli_main
 
 # ---- the real converted model ------------------------------------------------------------------
 

@@ -149,9 +149,9 @@ def test_greedy_matches_hf_without_radix_cache_then_a_killed_scheduler_fails_cal
 
         def call() -> None:
             try:
-                doomed.generate("Count to one thousand:", {"max_new_tokens": 4000, "ignore_eos": True})
-            except BaseException as exc:  # noqa: BLE001 - the test inspects it
-                errors.append(exc)
+                doomed.generate("Count to one thousand:", {"max_new_tokens": 4000, "ignore_eos": True})  # noqa: B023
+            except BaseException as exc:  # the test inspects it
+                errors.append(exc)  # noqa: B023 (the thread is joined within this iteration)
 
         worker = threading.Thread(target=call)
         worker.start()
@@ -180,9 +180,9 @@ def test_two_tensor_parallel_ranks_match_hf_then_die_together(chat_ids, hf_refer
 
         def call(i: int) -> None:
             try:
-                tp.generate(f"Count to one thousand, {i}:", {"max_new_tokens": 4000, "ignore_eos": True})
-            except BaseException as exc:  # noqa: BLE001 - the test inspects it
-                errors.append(exc)
+                tp.generate(f"Count to one thousand, {i}:", {"max_new_tokens": 4000, "ignore_eos": True})  # noqa: B023
+            except BaseException as exc:  # the test inspects it
+                errors.append(exc)  # noqa: B023 (the threads are joined within this iteration)
 
         workers = [threading.Thread(target=call, args=(i,)) for i in range(3)]
         for w in workers:

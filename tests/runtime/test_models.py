@@ -12,9 +12,9 @@ import transformers
 
 from kernels.base import AttentionBackend, ForwardMetadata
 from runtime.contracts.errors import UnsupportedModel
-from runtime.models import MODEL_REGISTRY, ModelConfig, build_model
 from runtime.contracts.model_config import ARCHITECTURES
 from runtime.execution.weights import load_model
+from runtime.models import MODEL_REGISTRY, ModelConfig, build_model
 
 CPU = torch.device("cpu")
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,

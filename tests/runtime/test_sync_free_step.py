@@ -16,9 +16,9 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 import kernels.sampling
-from runtime.execution.forward_batch import ForwardEntry
-from runtime.contracts.sampling import SamplingParams
 from kernels.transfer import STATS
+from runtime.contracts.sampling import SamplingParams
+from runtime.execution.forward_batch import ForwardEntry
 from tests.runtime.tiny_runner import SHAPES, fake_flashinfer, make_runner, write_config  # noqa: F401
 
 Tensor = torch.Tensor

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from runtime.contracts.config import ServerConfig
+from runtime.contracts.sampling import SamplingParams
 from runtime.execution.model_runner import ForwardEntry, ModelRunner
 from runtime.execution.model_setup import load_model_for_serving
 from runtime.execution.resolve import resolve_config
-from runtime.contracts.sampling import SamplingParams
 from tests.runtime.tp_harness import tp_runner
 
 pytestmark = pytest.mark.slow

@@ -24,17 +24,15 @@ import pytest
 import torch
 import torch.distributed.distributed_c10d as c10d
 
-from runtime.parallel import shm_collectives
-
-from runtime.parallel import group as tp_group
-
-from runtime.execution import tp_step, tp_worker
 from runtime.contracts.codec import decode, encode
-from runtime.execution.forward_batch import ForwardEntry
 from runtime.contracts.messages import TPStep, TPStop
 from runtime.contracts.sampling import SamplingParams
-from runtime.parallel.group import StepChannel, init_tp_group
+from runtime.execution import tp_step, tp_worker
+from runtime.execution.forward_batch import ForwardEntry
 from runtime.execution.tp_step import entry_from_wire, entry_to_wire
+from runtime.parallel import group as tp_group
+from runtime.parallel import shm_collectives
+from runtime.parallel.group import StepChannel, init_tp_group
 
 TP_MODULES = [tp_group, tp_step, tp_worker, shm_collectives]
 

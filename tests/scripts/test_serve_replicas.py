@@ -198,7 +198,7 @@ def _run_workload(router: str) -> int:
     cached = sum(_generate(router, _prompt(g, 0))["cached_tokens"] for g in range(GROUPS))
     with ThreadPoolExecutor(GROUPS) as pool:
         for i in range(1, PER_GROUP):
-            metas = list(pool.map(lambda g: _generate(router, _prompt(g, i)), range(GROUPS)))
+            metas = list(pool.map(lambda g, i=i: _generate(router, _prompt(g, i)), range(GROUPS)))
             cached += sum(m["cached_tokens"] for m in metas)
     return cached
 

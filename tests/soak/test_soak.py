@@ -315,8 +315,8 @@ def test_soak_mixed_traffic_loses_nothing(server: RunningServer) -> None:
                "kv_total": state["kv_total"], "kv_available": state["kv_available"],
                "kv_evictable": state["kv_evictable"], "deadline_expired": state["deadline_expired"]}
     print("soak:", json.dumps(figures))
-    bad = {k: v for k, v in tally.items()
-           if k.startswith(("status_", "invalid_got_", "unfinished_", "stream_error_", "client_timeout", "foreign_got_"))}
+    bad_prefixes = ("status_", "invalid_got_", "unfinished_", "stream_error_", "client_timeout", "foreign_got_")
+    bad = {k: v for k, v in tally.items() if k.startswith(bad_prefixes)}
     assert bad == {}, figures  # no 5xx (other than admission's 503), every invalid one a 400
     assert tally["answered"] > 0 and tally["invalid_400"] > 0 and tally["foreign_403"] > 0, figures
     assert tally["sent"] == sum(tally[k] for k in ("answered", "rejected_503", "cancelled", "invalid_400",

@@ -62,10 +62,11 @@ class RunningServer:
     def start(cls, model_path: str, *extra: str, base_args: tuple[str, ...] = BASE_ARGS) -> RunningServer:
         """Start a server with `base_args` (pass () for the user's defaults) and `extra`."""
         port = free_port()
-        log = tempfile.NamedTemporaryFile(prefix="radixserve-http-", suffix=".log", delete=False)
         cmd = [sys.executable, "-m", "tokenizer.http_server", "--model-path", model_path,
                "--port", str(port), *base_args, *extra]
-        process = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        # The child keeps its own copy of the log's descriptor; ours closes once it is started.
+        with tempfile.NamedTemporaryFile(prefix="radixserve-http-", suffix=".log", delete=False) as log:
+            process = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
         server = cls(process, port, log.name)
         try:
             server.wait_healthy()

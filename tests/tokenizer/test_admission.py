@@ -15,7 +15,12 @@ import requests
 
 from runtime.contracts.errors import InvalidRequest, Overloaded
 from tests.tokenizer.http_helpers import (
-    API_KEY, AUTH, RunningServer, post, server_state, wait_until,
+    API_KEY,
+    AUTH,
+    RunningServer,
+    post,
+    server_state,
+    wait_until,
 )
 from tokenizer.admission import OFFLOAD_TOKENIZE_CHARS, PromptEncoder, check_admission
 from tokenizer.generate_body import SingleRequest
@@ -115,10 +120,9 @@ def test_admission_rule() -> None:
 def test_the_server_default_timeout_becomes_a_deadline() -> None:
     """--request-timeout applies to a request without its own `timeout`; its own one wins."""
     from runtime.contracts.config import ServerConfig
+    from tokenizer.labels import InternalRids
     from tokenizer.limits import RequestLimits
     from tokenizer.manager import TokenizerManager
-
-    from tokenizer.labels import InternalRids
 
     tm = object.__new__(TokenizerManager)  # only what _prepare reads
     tm._rids = InternalRids()

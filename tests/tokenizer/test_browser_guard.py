@@ -16,13 +16,13 @@ import pytest
 import requests
 from aiohttp.test_utils import TestClient, TestServer
 
-from tokenizer.cli import build_parser
 from runtime.contracts.config import LOOPBACK_ORIGINS, ServerConfig, config_from_args
 from runtime.contracts.errors import InvalidRequest
 from tests.tokenizer.http_helpers import API_KEY, AUTH, RunningServer
 from tokenizer import http_server
 from tokenizer.api_key import resolve_api_key
 from tokenizer.browser_guard import is_loopback_host_header, is_loopback_name, parse_origin
+from tokenizer.cli import build_parser
 from tokenizer.http_server import create_app
 from tokenizer.server_state import ServerState
 
@@ -334,4 +334,4 @@ def test_real_server_refuses_a_foreign_page_and_serves_plain_clients(key_server:
     info = requests.get(server.url + "/get_server_info", headers=AUTH, timeout=30)
     assert info.status_code == 200 and API_KEY not in info.text
     assert requests.get(server.url + "/health", timeout=10).status_code == 200
-    assert API_KEY not in open(f"/proc/{server.process.pid}/cmdline").read()
+    assert API_KEY not in Path(f"/proc/{server.process.pid}/cmdline").read_text()

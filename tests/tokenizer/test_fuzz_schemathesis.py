@@ -39,7 +39,9 @@ import schemathesis
 from hypothesis import HealthCheck, Phase
 from schemathesis import GenerationMode
 from schemathesis.checks import (  # type: ignore[attr-defined]
-    content_type_conformance, not_a_server_error, response_schema_conformance,
+    content_type_conformance,
+    not_a_server_error,
+    response_schema_conformance,
     status_code_conformance,
 )
 

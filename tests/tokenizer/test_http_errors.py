@@ -23,7 +23,12 @@ from runtime.contracts.config import ServerConfig
 from runtime.contracts.errors import InvalidRequest as InvalidRequest_
 from runtime.contracts.errors import RuntimeCrashed
 from tests.tokenizer.http_helpers import (
-    API_KEY, AUTH, KEY_SERVER_BODY_LIMIT, RunningServer, server_state, wait_until,
+    API_KEY,
+    AUTH,
+    KEY_SERVER_BODY_LIMIT,
+    RunningServer,
+    server_state,
+    wait_until,
 )
 from tokenizer.http_server import create_app
 from tokenizer.server_state import Phase, ServerState
@@ -220,7 +225,8 @@ BAD_REQUESTS: list[tuple[str, str, Any, int, str, str | None]] = [
     (GEN, "POST", {"text": "hi", "sampling_params": {"nope": 1}}, 400, "unknown", "nope"),
     ("/abort_request", "POST", {}, 400, "rid", "rid"),
     (GEN, "POST", {"text": "hi", "sampling_params": {"stop": ["x" * 513]}}, 400, "at most 512 characters", "stop"),
-    (GEN, "POST", {"text": "hi", "sampling_params": {"stop_token_ids": [1] * 257}}, 400, "at most 256", "stop_token_ids"),
+    (GEN, "POST", {"text": "hi", "sampling_params": {"stop_token_ids": [1] * 257}}, 400, "at most 256",
+     "stop_token_ids"),
     (CHAT, "POST", _chat(logit_bias={str(i): 1 for i in range(1025)}), 400, "at most 1024 entries", "logit_bias"),
     (GEN, "POST", {"text": "hi", "rid": "r" * 257}, 400, "at most 256 characters", "rid"),
     (COMP, "POST", _comp(timeout=0), 400, "timeout", "timeout"),
@@ -228,7 +234,8 @@ BAD_REQUESTS: list[tuple[str, str, Any, int, str, str | None]] = [
     (GEN, "POST", (RAW, _deep('{"text": "hi", "sampling_params": {"json_schema": DEEP}}')), 400,
      "nested too deeply", "json_schema"),
     (CHAT, "POST", (RAW, _deep('{"model": "m", "messages": [{"role": "user", "content": "hi"}], '
-                               '"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": DEEP}}}')),
+                               '"response_format": {"type": "json_schema", '
+                               '"json_schema": {"name": "x", "schema": DEEP}}}')),
      400, "nested too deeply", "response_format.json_schema.schema"),
     (CHAT, "POST", (RAW, _deep('{"model": "m", "messages": [{"role": "user", "content": "hi"}], '
                                '"tools": [{"type": "function", "function": {"name": "f", "parameters": DEEP}}]}')),

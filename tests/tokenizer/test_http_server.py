@@ -18,7 +18,13 @@ import pytest
 import requests
 
 from tests.tokenizer.http_helpers import (
-    SMALL_SERVER_DRAIN_S, RunningServer, post, server_state, sse_events, wait_idle, wait_until,
+    SMALL_SERVER_DRAIN_S,
+    RunningServer,
+    post,
+    server_state,
+    sse_events,
+    wait_idle,
+    wait_until,
 )
 
 pytestmark = pytest.mark.slow
@@ -156,7 +162,8 @@ def test_tokenize_counts_what_generate_counts_and_detokenize_inverts_it(server: 
     generated = post(server, "/generate", {"text": text, "sampling_params": {"max_new_tokens": 1}}).json()
     prompt_tokens = generated["meta_info"]["prompt_tokens"]
     assert one["count"] == len(one["tokens"]) == prompt_tokens and one["max_model_len"] == 2048
-    batch = requests.post(server.url + "/v1/tokenize", json={"model": "smol", "prompt": [text, "hi"]}, timeout=30).json()
+    body = {"model": "smol", "prompt": [text, "hi"]}
+    batch = requests.post(server.url + "/v1/tokenize", json=body, timeout=30).json()
     assert batch["tokens"][0] == one["tokens"] and batch["count"] == [one["count"], len(batch["tokens"][1])]
     back = requests.post(server.url + "/detokenize", json={"tokens": one["tokens"]}, timeout=30).json()
     assert back["text"] == text
@@ -324,7 +331,8 @@ def test_sigterm_drains_until_the_drain_timeout_then_exits_zero(server: RunningS
     long = threading.Thread(target=lambda: answers.update(long=post(server, "/generate", long_body)))
     long.start()
     wait_until(lambda: server_state(server)["running"] == 1, "the long request to run")
-    short_body = {"text": "Count to ten:", "stream": True, "sampling_params": {"max_new_tokens": 16, "ignore_eos": True}}
+    short_body = {"text": "Count to ten:", "stream": True,
+                  "sampling_params": {"max_new_tokens": 16, "ignore_eos": True}}
     with requests.post(server.url + "/generate", json=short_body, stream=True, timeout=60) as short:
         events = sse_events(short)
         first = next(events)  # the short request runs: 15 tokens to go

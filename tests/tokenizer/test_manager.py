@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from runtime.contracts.config import ServerConfig
-from tokenizer.engine import Engine
 from runtime.contracts.errors import InvalidRequest
 from tests.runtime.fake_scheduler import run_fake_scheduler
+from tokenizer.engine import Engine
 
 CONTEXT = 256
 WAIT_S = 15.0

@@ -105,8 +105,8 @@ def test_the_servers_caps_are_the_bounds() -> None:
 
 
 def test_copied_patterns_are_the_validators() -> None:
-    assert TOOL_NAME_PATTERN == f"^{constraints._NAME.pattern}$"
-    assert TEMPLATE_VAR_PATTERN == f"^{template_vars._KEY.pattern}$"
+    assert f"^{constraints._NAME.pattern}$" == TOOL_NAME_PATTERN
+    assert f"^{template_vars._KEY.pattern}$" == TEMPLATE_VAR_PATTERN
 
 
 # ---------------------------------------------------------------- sampling parameters

@@ -17,12 +17,21 @@ from runtime.contracts.errors import InvalidRequest
 from tokenizer.chat_template import render_chat
 from tokenizer.limits import check_prompt_count, check_prompt_ids
 from tokenizer.openai.protocol import (
-    ChatPrompt, OpenAIPlan, check_chat, check_completion, finish_chat, translate,
+    ChatPrompt,
+    OpenAIPlan,
+    check_chat,
+    check_completion,
+    finish_chat,
+    translate,
 )
 from tokenizer.openai.reasoning import PARSERS as REASONING_PARSERS
 from tokenizer.openai.reasoning import ReasoningStream, split_reasoning
 from tokenizer.openai.tool_calls import (
-    ToolCall, ToolCallStream, adapt_to_template, parse_tool_calls, tool_call_deltas,
+    ToolCall,
+    ToolCallStream,
+    adapt_to_template,
+    parse_tool_calls,
+    tool_call_deltas,
 )
 
 if TYPE_CHECKING:
@@ -327,7 +336,8 @@ class ChatRenderer(_Renderer):
         thought = self._reasoning_delta.pop(i, "")
         if thought:  # the thinking delta rides on this step's chunk (or gets one of its own)
             if payloads:
-                payloads[0]["choices"][0]["delta"] = {"reasoning_content": thought, **payloads[0]["choices"][0]["delta"]}
+                choice = payloads[0]["choices"][0]
+                choice["delta"] = {"reasoning_content": thought, **choice["delta"]}
             else:
                 payloads = [self._chunk(i, {"reasoning_content": thought}, None)]
         calls = self._calls.pop(i, None)
@@ -341,8 +351,9 @@ class ChatRenderer(_Renderer):
 
     def _text_delta(self, i: int, text: str, finished: bool) -> str:
         if self.reasoning is not None:  # what follows the thinking is the content
-            stream = self._reasoning_streams.setdefault(i, ReasoningStream(self.reasoning, self.plan.stream_reasoning))
-            self._reasoning_delta[i], text = stream.feed(text, finished)
+            thinking = self._reasoning_streams.setdefault(
+                i, ReasoningStream(self.reasoning, self.plan.stream_reasoning))
+            self._reasoning_delta[i], text = thinking.feed(text, finished)
         tools = self.plan.tools
         if tools is None:
             return super()._text_delta(i, text, finished)

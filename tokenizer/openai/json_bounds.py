@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,13 +98,13 @@ def find_problem(value: Any, bounds: Bounds = DEFAULT) -> str | None:
         if isinstance(item, (dict, list)):
             if depth >= bounds.max_depth:
                 return f"is nested too deeply (more than {bounds.max_depth} levels)"
-            pairs = item.items() if isinstance(item, dict) else enumerate(item)
+            pairs: Iterable[tuple[Any, Any]] = item.items() if isinstance(item, dict) else enumerate(item)
             for key, sub in pairs:
                 if isinstance(item, dict):
                     problem = _key_problem(key, bounds)
                     if problem is not None:
                         return _at(path, problem)
-                    total += len(key)
+                    total += len(key)  # a str: _key_problem checked it
                 stack.append((sub, depth + 1, (path, key)))
         else:
             problem = _scalar_problem(item, bounds)

@@ -26,13 +26,16 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 from runtime.contracts.errors import InvalidRequest
 from tokenizer.chat_template import RequestTemplate
 from tokenizer.generate_body import cache_namespace
 from tokenizer.openai.constraints import (
-    GRAMMAR_FIELDS, ChatConstraints, ToolPlan, chat_constraints,
+    GRAMMAR_FIELDS,
+    ChatConstraints,
+    ToolPlan,
+    chat_constraints,
 )
 from tokenizer.openai.json_bounds import Bounds, check_value, describe
 from tokenizer.openai.messages import check_messages
@@ -126,7 +129,7 @@ def _typed(req: dict[str, Any], name: str, ok: Callable[[Any], bool], what: str)
     return value
 
 
-def _is_int(x: Any) -> bool:
+def _is_int(x: Any) -> TypeGuard[int]:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
@@ -195,7 +198,8 @@ def _plan(kind: str, req: dict[str, Any], model: str, **fields: Any) -> OpenAIPl
     namespace = cache_key(req)
     if namespace is not None:
         fields["body"]["extra_key"] = namespace
-    n = req.get("n") if _is_int(req.get("n")) else 1
+    n_value = req.get("n")
+    n = n_value if _is_int(n_value) else 1
     prefix = "cmpl-" if kind == "completion" else "chatcmpl-"
     return OpenAIPlan(kind=kind, id=prefix + rid, created=int(time.time()), model=model, n=n,
                       **fields)

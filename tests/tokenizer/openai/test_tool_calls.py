@@ -12,13 +12,23 @@ import pytest
 from runtime.contracts.errors import InvalidRequest
 from tokenizer.openai.api import ChatRenderer
 from tokenizer.openai.constraints import (
-    ANY_JSON, ToolChoice, ToolPlan, chat_constraints, check_tool_choice, check_tools,
+    ANY_JSON,
+    ToolChoice,
+    ToolPlan,
+    chat_constraints,
+    check_tool_choice,
+    check_tools,
     forced_call_schema,
 )
 from tokenizer.openai.protocol import plan_chat
 from tokenizer.openai.tool_calls import (
-    ToolCallStream, adapt_to_template, messages_as_text, messages_for_template, parse_tool_calls,
-    tool_call_deltas, with_tool_prompt,
+    ToolCallStream,
+    adapt_to_template,
+    messages_as_text,
+    messages_for_template,
+    parse_tool_calls,
+    tool_call_deltas,
+    with_tool_prompt,
 )
 
 WEATHER = {"type": "function", "function": {
