@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from tests.kernels.backend_scenarios import SCENARIOS, max_logit_error, run_scenario  # noqa: E402
-from tests.runtime.tiny_runner import with_flashinfer_backend, write_config  # noqa: E402
+from tests.runtime.execution.tiny_runner import with_flashinfer_backend, write_config  # noqa: E402
 
 # name: (heads, kv heads, head dim, hidden, intermediate, vocab); layers cut to LAYERS.
 REAL_SHAPES = {

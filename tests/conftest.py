@@ -4,7 +4,9 @@ run's shared servers.
 - `@pytest.mark.gpu` tests are skipped when CUDA is absent. torch is imported only when such a
   test was collected, so the pure-Python suites (radix, detokenizer) stay fast.
 - `@pytest.mark.slow` tests run by default; deselect them with `-m "not slow"`.
-- `default_model_path` is the embedded SmolLM2-135M-Instruct folder, converted once per machine.
+- `default_model_path` is the embedded SmolLM2-135M-Instruct folder, converted once per machine;
+  `default_tokenizer`, `chat_ids` and `hf_greedy` are its tokenizer, the shared chat prompts and
+  Hugging Face's greedy answers to them, each computed once per run (tests/chat_reference.py).
 
 Servers: a real HTTP server costs 12-14 s to start on a 2-core machine, so modules that need the
 same flags, or flags that do not conflict, share one (`server_pool`: one per fixture below, on
@@ -38,11 +40,12 @@ subset is only slower).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 if TYPE_CHECKING:
+    from tests.chat_reference import HFGreedy
     from tests.tokenizer.http_helpers import RunningServer
 
 GROUPED = ("small_server", "key_server")  # pooled servers whose users run one after another
@@ -106,6 +109,32 @@ def default_model_path() -> str:
     from runtime.support.default_model import ensure_default_model
 
     return ensure_default_model()
+
+
+@pytest.fixture(scope="session")
+def default_tokenizer(default_model_path: str) -> Any:
+    """The default model's HF tokenizer (read-only use: tests must not change its settings)."""
+    import transformers
+
+    return transformers.AutoTokenizer.from_pretrained(default_model_path)
+
+
+@pytest.fixture(scope="session")
+def chat_ids(default_tokenizer: Any) -> list[list[int]]:
+    """`chat_reference.QUESTIONS` as chat-template token ids. Tests must not mutate the lists."""
+    from tests import chat_reference
+
+    return chat_reference.chat_ids(default_tokenizer)
+
+
+@pytest.fixture(scope="session")
+def hf_greedy(default_model_path: str, chat_ids: list[list[int]]) -> HFGreedy:
+    """HF's fp32 greedy answers to `chat_ids` (`.first(n)`), each computed once per run. The HF
+    model stays loaded (about 0.5 GB) until every answer is known, so a later module's prompts
+    cost no second load."""
+    from tests.chat_reference import HFGreedy
+
+    return HFGreedy(default_model_path, chat_ids)
 
 
 class ServerPool:

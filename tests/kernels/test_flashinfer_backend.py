@@ -11,7 +11,7 @@ import torch
 from kernels.flashinfer_support import PREFILL_BACKEND
 from tests.kernels import fake_flashinfer as fake
 from tests.kernels.backend_scenarios import SCENARIOS, max_logit_error, run_scenario
-from tests.runtime.tiny_runner import SHAPES, fake_flashinfer, make_runner, write_config  # noqa: F401
+from tests.runtime.execution.tiny_runner import SHAPES, fake_flashinfer, make_runner, write_config  # noqa: F401
 
 
 @pytest.mark.parametrize("shape,tensor_cores", [("smollm2", False), ("llama-3.2-1b", True), ("qwen2-group7", True)])

@@ -2,7 +2,7 @@
 
 Where the CPU computes a dtype natively (`runtime.execution.device.should_prepack`) the weight is prepacked
 with oneDNN; elsewhere (bf16 on an AVX2-only CPU) the plain path runs and gives the same numbers.
-`tests/runtime/test_device.py` reruns this file with the AVX2 CPU emulated.
+`tests/runtime/execution/test_device.py` reruns this file with the AVX2 CPU emulated.
 """
 
 from __future__ import annotations

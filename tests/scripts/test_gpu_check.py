@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.runtime.tiny_runner import fake_flashinfer  # noqa: F401 (a fixture)
+from tests.runtime.execution.tiny_runner import fake_flashinfer  # noqa: F401 (a fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
 

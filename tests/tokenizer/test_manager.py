@@ -17,7 +17,7 @@ import pytest
 
 from runtime.contracts.config import ServerConfig
 from runtime.contracts.errors import InvalidRequest
-from tests.runtime.fake_scheduler import run_fake_scheduler
+from tests.tokenizer.fake_scheduler import run_fake_scheduler
 from tokenizer.engine import Engine
 
 CONTEXT = 256

@@ -13,7 +13,7 @@ from runtime.contracts.sampling import SamplingParams
 from runtime.execution.model_runner import ForwardEntry, ModelRunner
 from runtime.execution.model_setup import load_model_for_serving
 from runtime.execution.resolve import resolve_config
-from tests.runtime.tp_harness import tp_runner
+from tests.runtime.parallel.tp_harness import tp_runner
 
 pytestmark = pytest.mark.slow
 

@@ -28,7 +28,7 @@ from runtime.execution.device import (
 )
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 ZEN3_FLAGS = "flags\t\t: fpu sse sse2 ssse3 sse4_1 sse4_2 avx f16c fma avx2 bmi2 sha_ni\n"
 ZEN4_FLAGS = "flags\t\t: fpu sse avx avx2 avx512f avx512dq avx512bw avx512_bf16 avx512_vnni\n"
 SPR_FLAGS = "flags\t\t: avx2 avx512f avx512_bf16 avx512_fp16 amx_bf16 amx_tile amx_int8\n"
@@ -134,8 +134,8 @@ def test_resolved_default_config_uses_the_native_dtype(default_model_path):
     assert (resolved.dtype, resolved.kv_cache_dtype) == (want, want)
 
 
-AVX2_TESTS = ["tests/kernels/test_linear.py", "tests/runtime/test_device.py", "tests/kernels/test_cpu_elementwise.py",
-              "tests/runtime/test_cpu_kernels.py"]
+AVX2_TESTS = ["tests/kernels/test_linear.py", "tests/runtime/execution/test_device.py",
+              "tests/kernels/test_cpu_elementwise.py", "tests/runtime/execution/test_cpu_kernels.py"]
 
 
 @pytest.mark.slow

@@ -7,7 +7,7 @@ An engine costs seconds to start, so tests whose configurations do not conflict 
 engine without the radix cache matches HF and is then killed (the killed-scheduler test); the
 tiny-pool engine (`TestTinyPool`) prefills in chunks of 32, so it serves both the chunked-prefill
 HF check and the pool-pressure test. HF's answers are computed once per run
-(tests/runtime/conftest.py).
+(tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import pytest
 
 from runtime import Engine
 from runtime.contracts.errors import RuntimeCrashed
+from tests import chat_reference
 from tests.engine_checks import assert_idle_and_sound
-from tests.runtime import chat_reference
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,7 @@ import transformers
 
 from runtime.contracts.config import ServerConfig
 from runtime.support.tokenizer_load import class_ref, direct_class, load_tokenizer
-from tests.runtime.fake_scheduler import run_fake_scheduler
+from tests.tokenizer.fake_scheduler import run_fake_scheduler
 from tokenizer.launch import LaunchError, launch_runtime_with
 
 TEXTS = [

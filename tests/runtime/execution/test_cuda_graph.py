@@ -11,7 +11,7 @@ from runtime.contracts.sampling import SamplingParams
 from runtime.execution.cuda_graph import bucket_for, capture_batch_sizes, default_max_bs, pad_entries, padding_entry
 from runtime.execution.forward_batch import ForwardEntry
 from tests.kernels import fake_flashinfer as fake_module
-from tests.runtime.tiny_runner import SHAPES, fake_flashinfer, make_runner, write_config  # noqa: F401 (a fixture)
+from tests.runtime.execution.tiny_runner import SHAPES, fake_flashinfer, make_runner, write_config  # noqa: F401 (a fixture)
 
 GREEDY = SamplingParams(temperature=0.0)
 

@@ -19,7 +19,7 @@ import kernels.sampling
 from kernels.transfer import STATS
 from runtime.contracts.sampling import SamplingParams
 from runtime.execution.forward_batch import ForwardEntry
-from tests.runtime.tiny_runner import SHAPES, fake_flashinfer, make_runner, write_config  # noqa: F401
+from tests.runtime.execution.tiny_runner import SHAPES, fake_flashinfer, make_runner, write_config  # noqa: F401
 
 Tensor = torch.Tensor
 READS = {Tensor.tolist, Tensor.item, Tensor.__bool__, Tensor.__int__, Tensor.__float__, Tensor.cpu, Tensor.numpy,

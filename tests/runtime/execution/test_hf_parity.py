@@ -2,7 +2,7 @@
 
 Tiny random-weight Llama (GQA), Qwen2 and Qwen3 checkpoints are written by the tests; the real
 default model (SmolLM2-135M-Instruct) runs greedy generation for 4 chat prompts in one batch
-(HF's answers to them are computed once per run, in tests/runtime/conftest.py).
+(HF's answers to them are computed once per run, in tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 import transformers
 
 from runtime.execution.static_batch import StaticBatch
-from tests.runtime import chat_reference
+from tests import chat_reference
 
 PROMPT_LENS = [5, 17, 9, 30]
 DECODE_STEPS = 8
@@ -118,7 +118,7 @@ NEW_TOKENS = 32
 
 @pytest.mark.slow
 def test_default_model_greedy_matches_hf(default_model_path: str, default_tokenizer, chat_ids, hf_greedy) -> None:
-    """HF's answers come from the run's shared reference (tests/runtime/conftest.py)."""
+    """HF's answers come from the run's shared reference (tests/conftest.py)."""
     assert chat_reference.HF_NEW_TOKENS == NEW_TOKENS
     ids = chat_ids[:CHAT_PROMPTS]
     h = StaticBatch.create(default_model_path, dtype="float32", max_total_tokens=4096, max_running_requests=8)

@@ -19,7 +19,7 @@ import pytest
 from runtime.contracts.config import ServerConfig
 from runtime.contracts.errors import RuntimeCrashed
 from scheduler.watchdog import WATCHDOG_EXIT_CODE
-from tests.runtime.fake_scheduler import (
+from tests.tokenizer.fake_scheduler import (
     CRASH_PROMPT,
     EXIT_CODE,
     orphan_middle,
@@ -27,7 +27,7 @@ from tests.runtime.fake_scheduler import (
     run_fake_scheduler,
     run_sleepy_scheduler,
 )
-from tests.runtime.faulty_scheduler import FAULT_MESSAGE, FAULT_PROMPT, HANG_PROMPT, run_faulty_scheduler
+from tests.tokenizer.faulty_scheduler import FAULT_MESSAGE, FAULT_PROMPT, HANG_PROMPT, run_faulty_scheduler
 from tokenizer import launch
 from tokenizer.engine import Engine
 from tokenizer.launch import LaunchError, launch_runtime

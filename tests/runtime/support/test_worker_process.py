@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from runtime.support.worker_process import KillableWorker
-from tests.runtime.worker_mains import echo_or_sleep, mark_then_sleep
+from tests.runtime.support.worker_mains import echo_or_sleep, mark_then_sleep
 
 
 def test_answers_then_a_late_answer_kills_it_and_the_next_request_gets_a_fresh_one() -> None:

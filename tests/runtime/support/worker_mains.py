@@ -1,4 +1,4 @@
-"""Helper-process mains for tests/runtime/test_worker_process.py (spawned: module level)."""
+"""Helper-process mains for tests/runtime/support/test_worker_process.py (spawned: module level)."""
 
 from __future__ import annotations
 

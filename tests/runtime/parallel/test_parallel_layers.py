@@ -27,7 +27,7 @@ from runtime.parallel.layers import (
     VocabParallelEmbedding,
 )
 from runtime.parallel.sharding import ShardPlan
-from tests.runtime.test_sharding import BASE
+from tests.runtime.parallel.test_sharding import BASE
 
 CPU = torch.device("cpu")
 F64 = torch.float64

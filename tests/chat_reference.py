@@ -1,7 +1,7 @@
 """The chat prompts several runtime tests share, and Hugging Face's greedy answers to them.
 
 Loading the tokenizer and the HF model and running `generate` costs seconds per module on a
-2-core machine (HF's fp32 decode runs at about 60 ms a token here), so `tests/runtime/conftest.py`
+2-core machine (HF's fp32 decode runs at about 60 ms a token here), so `tests/conftest.py`
 computes these once per run (session fixtures `chat_ids` and `hf_greedy`) for test_engine,
 test_hf_parity and test_quantization.
 """

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from runtime.execution.weights import INDEX_FILE, iter_safetensors, load_model, safetensors_files
-from tests.runtime.test_models import CPU, TINY, model_config, our_logits, write_checkpoint
+from tests.runtime.models.test_models import CPU, TINY, model_config, our_logits, write_checkpoint
 
 
 def test_single_file_and_sharded_give_identical_models(tmp_path):
