@@ -1,6 +1,7 @@
 """Turn benchmark results into PNGs for docs/benchmarks.md (matplotlib: `pip install -e '.[bench]'`).
 
     .venv/bin/python scripts/plot_benchmarks.py --peers results/bench_peers-<date>.json
+    .venv/bin/python scripts/plot_benchmarks.py --agents results/bench_agents.jsonl
     .venv/bin/python scripts/plot_benchmarks.py --serving results/bench_serving.jsonl \
         --offline results/bench_offline.jsonl --out docs/img
 
@@ -173,6 +174,24 @@ def plot_offline(path: str, out: str) -> str:
     return _save(fig, out, "offline_throughput.png")
 
 
+def plot_agents(path: str, out: str) -> str:
+    """bench_agents.py runs: TTFT p50 and the cached share of the prompt, turn by turn, per run."""
+    plt = _plt()
+    rows = _jsonl(path)
+    fig, (ttft_ax, cached_ax) = plt.subplots(1, 2, figsize=(10, 4))
+    for r in rows:
+        turns = [t["turn"] for t in r["per_turn"]]
+        ttft_ax.plot(turns, [t["ttft_p50_s"] for t in r["per_turn"]], marker="o", label=r["label"])
+        cached_ax.plot(turns, [t["cached_share"] or 0.0 for t in r["per_turn"]], marker="o", label=r["label"])
+    ttft_ax.set_xlabel("turn")
+    ttft_ax.set_ylabel("TTFT p50 (s)")
+    cached_ax.set_xlabel("turn")
+    cached_ax.set_ylabel("cached share of the prompt")
+    ttft_ax.legend(fontsize=7)
+    fig.suptitle("bench_agents.py runs", fontsize=9)
+    return _save(fig, out, "agents_turns.png")
+
+
 def _save(fig: Any, out: str, name: str) -> str:
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, name)
@@ -189,10 +208,11 @@ def main() -> None:
     p.add_argument("--peers", help="a results/bench_peers-<date>.json")
     p.add_argument("--serving", help="bench_serving.py JSON lines")
     p.add_argument("--offline", help="bench_offline.py JSON lines")
+    p.add_argument("--agents", help="bench_agents.py JSON lines")
     p.add_argument("--out", default="docs/img", help="folder for the PNGs")
     args = p.parse_args()
-    if not (args.peers or args.serving or args.offline):
-        p.error("give at least one of --peers, --serving, --offline")
+    if not (args.peers or args.serving or args.offline or args.agents):
+        p.error("give at least one of --peers, --serving, --offline, --agents")
     written: list[str] = []
     if args.peers:
         report = load_peers(args.peers)
@@ -204,6 +224,8 @@ def main() -> None:
         written.append(plot_serving(args.serving, args.out))
     if args.offline:
         written.append(plot_offline(args.offline, args.out))
+    if args.agents:
+        written.append(plot_agents(args.agents, args.out))
     for path in written:
         print(path)
 
