@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from runtime.execution.forward_batch import ForwardEntry
-from runtime.execution.model_runner import ForwardResult
+from scheduler.interfaces import StepResult
 from scheduler.request import Req
 
 
@@ -110,7 +110,7 @@ def _plan_input_logprobs(req: Req, entry: ForwardEntry, a: int, b: int) -> None:
         entry.logprob_targets = req.prompt[first + 1 : end + 1]
 
 
-def record_input_logprobs(req: Req, entry: ForwardEntry, result: ForwardResult, i: int) -> None:
+def record_input_logprobs(req: Req, entry: ForwardEntry, result: StepResult, i: int) -> None:
     """Append this chunk's input logprobs to the request (None for position logprob_start_len)."""
     if req.logprob_start_len < 0 or req.sent_first:
         return

@@ -12,27 +12,30 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
+from radix.prefix_cache import BasePrefixCache
 from scheduler.batch import ScheduledBatch
+from scheduler.queues import ReqQueues
 
 DECODE_LOG_INTERVAL = 40
 
 
 class BatchLog:
-    def __init__(self, logger: logging.Logger) -> None:
+    def __init__(self, logger: logging.Logger, queues: ReqQueues, cache: BasePrefixCache) -> None:
         self.logger = logger
+        self.queues = queues
+        self.cache = cache
         self.decode_steps = 0
         self.decoded_tokens = 0
         self.since = time.monotonic()
 
-    def record(self, sched: Any, batch: ScheduledBatch) -> None:
+    def record(self, batch: ScheduledBatch) -> None:
         """After `batch` ran (its requests' state updated)."""
         if not self.logger.isEnabledFor(logging.DEBUG):
             return
-        cache = sched.cache
+        cache, running = self.cache, self.queues.running
         usage = (cache.total - cache.available() - cache.evictable_size) / max(cache.total, 1)
-        queued = len(sched.waiting) + len(sched.grammars.pending)
+        queued = self.queues.num_waiting()
         if batch.num_prefill:
             entries = batch.entries[: batch.num_prefill]
             new_tokens = sum(len(e.input_ids) for e in entries)
@@ -41,7 +44,7 @@ class BatchLog:
             self.logger.debug(
                 "Prefill batch. #new-seq: %d, #new-token: %d, #cached-token: %d, token usage: %.2f, "
                 "#running-req: %d, #queue-req: %d",
-                len(entries), new_tokens, cached, usage, len(sched.running), queued)
+                len(entries), new_tokens, cached, usage, len(running), queued)
         decodes = len(batch.reqs) - batch.num_prefill
         if not decodes:
             return
@@ -52,7 +55,7 @@ class BatchLog:
         now = time.monotonic()
         throughput = self.decoded_tokens / max(now - self.since, 1e-9)
         self.since, self.decoded_tokens = now, 0
-        tokens = sum(len(r.kv) for r in sched.running)
+        tokens = sum(len(r.kv) for r in running)
         self.logger.debug(
             "Decode batch. #running-req: %d, #token: %d, token usage: %.2f, gen throughput (token/s): %.2f, "
-            "#queue-req: %d", len(sched.running), tokens, usage, throughput, queued)
+            "#queue-req: %d", len(running), tokens, usage, throughput, queued)

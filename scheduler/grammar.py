@@ -29,14 +29,11 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from runtime.support.grammar_check import GrammarSpec
-from scheduler.grammar_compile import (
-    COMPILE_TIMEOUT_S, GrammarCompileWorker, JsonOptions, compile_spec,
-)
+from scheduler.grammar_compile import COMPILE_TIMEOUT_S, GrammarCompileWorker, JsonOptions, compile_spec
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch loads on the first bitmask, i.e. only once a grammar is used
+    import torch
     from xgrammar import CompiledGrammar, GrammarMatcher
 
 COMPILE_CACHE_ENTRIES = 128
@@ -46,6 +43,8 @@ _BITS = 32
 def allocate_bitmask(batch: int, vocab_size: int) -> torch.Tensor:
     """An all-allowed int32 token bitmask `[batch, ceil(vocab_size / 32)]` on the CPU (where
     xgrammar fills it; move it to the logits' device before applying)."""
+    import torch
+
     return torch.full((batch, (vocab_size + _BITS - 1) // _BITS), -1, dtype=torch.int32)
 
 
@@ -80,11 +79,14 @@ class GrammarState:
 
     def allowed_ids(self) -> list[int]:
         """The token ids allowed next, in ascending order (for tests and debugging)."""
+        import torch
+
         mask = allocate_bitmask(1, self.vocab_size)
         self.matcher.fill_next_token_bitmask(mask, 0)
         shifts = torch.arange(_BITS, dtype=torch.int32)
         bits = ((mask[0].unsqueeze(-1) >> shifts) & 1).flatten()[: self.vocab_size]
-        return bits.nonzero().flatten().tolist()  # type: ignore[no-any-return]
+        ids: list[int] = bits.nonzero().flatten().tolist()
+        return ids
 
 
 class GrammarBackend:

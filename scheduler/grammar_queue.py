@@ -47,6 +47,7 @@ class GrammarQueue:
         still: list[Req] = []
         for req in self.pending:
             future = req.grammar_future
+            assert future is not None, "submit() gave every pending request a compile"
             if not future.done():
                 still.append(req)
                 continue

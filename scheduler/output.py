@@ -5,6 +5,10 @@ from __future__ import annotations
 from dataclasses import fields
 
 from runtime.contracts.messages import BatchTokenOut
+from scheduler.batch import ScheduledBatch
+from scheduler.interfaces import SchedulerIO
+from scheduler.lifecycle import Lifecycle
+from scheduler.queues import ReqQueues
 from scheduler.request import Req
 
 DECODE_CONTEXT_TOKENS = 5  # prompt tokens the detokenizer decodes as left context
@@ -26,6 +30,27 @@ def has_news(req: Req, stream_interval: int = 1) -> bool:
         return True
     every = req.sampling.stream_interval or stream_interval
     return new >= (every if req.stream else max(every, NONSTREAM_INTERVAL))
+
+
+class Outbox:
+    """Sends one step's news to the detokenizer; a request whose end went out is forgotten."""
+
+    def __init__(self, io: SchedulerIO, queues: ReqQueues, lifecycle: Lifecycle, stream_interval: int) -> None:
+        self.io = io
+        self.queues = queues
+        self.lifecycle = lifecycle
+        self.stream_interval = stream_interval  # the server's default (--stream-interval)
+
+    def send(self, batch: ScheduledBatch | None) -> None:
+        """Report the requests ended outside a forward and those of `batch` that have news."""
+        candidates = dict.fromkeys([*self.queues.finished_out, *(batch.reqs if batch else [])])
+        reqs = [r for r in candidates if has_news(r, self.stream_interval)]
+        self.queues.finished_out = []
+        for req in reqs:
+            if req.finished:
+                self.lifecycle.forget(req)
+        if reqs:
+            self.io.send_tokens(build_batch_out(reqs))
 
 
 def build_batch_out(reqs: list[Req]) -> BatchTokenOut:

@@ -7,7 +7,7 @@ runner's future map (indexed by request row); N+1's decode reads its input from 
 
 What overlap implies, and how it is handled:
 - A request that finishes at N was already scheduled into N+1. It is released when N is
-  processed (its in-flight slot with it, see `Scheduler.release`), reported finished once then,
+  processed (its in-flight slot with it, see `KVLedger.release`), reported finished once then,
   and its N+1 token is dropped because it is already finished.
 - Nothing the running forward reads is mutated: entries carry copies of the ids and slots they
   need, KV slots freed between steps are only reused by a later forward (the worker runs
@@ -20,65 +20,88 @@ What overlap implies, and how it is handled:
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import NamedTuple
 
-from runtime.execution.model_runner import ForwardResult
 from scheduler.batch import ScheduledBatch
+from scheduler.interfaces import StepResult
+from scheduler.loop import LoopParts
+from scheduler.queues import ReqQueues
 from scheduler.request import needs_history
-from scheduler.scheduler import Scheduler
-
-Pending = tuple[ScheduledBatch, "Future[ForwardResult]"]
+from scheduler.retractor import Retractor
 
 
-class OverlapScheduler(Scheduler):
-    """The scheduler with its own overlapped loop (`--disable-overlap-schedule` uses the base)."""
+class Pending(NamedTuple):
+    """A launched batch whose result is not processed yet."""
 
-    def event_loop(self) -> None:
-        worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward")
+    batch: ScheduledBatch
+    future: Future[StepResult]
+
+
+class OverlapLoop:
+    """Overlaps each forward with the scheduling of the next; owns the forward thread."""
+
+    def __init__(self, parts: LoopParts, queues: ReqQueues, retractor: Retractor) -> None:
+        self.parts = parts
+        self.queues = queues
+        self.retractor = retractor
+        self.pending: Pending | None = None
+        self._worker: ThreadPoolExecutor | None = None  # made on the first step; see close()
+
+    @property
+    def in_flight(self) -> ScheduledBatch | None:
+        return None if self.pending is None else self.pending.batch
+
+    def run(self) -> None:
         try:
-            pending: Pending | None = None
-            while not self.stopped or pending is not None:
-                pending = self.overlap_step(worker, pending)
+            while not self.parts.inbox.stopped or self.pending is not None:
+                self.step()
         finally:
-            worker.shutdown(wait=True)
+            self.close()
 
-    def overlap_step(self, worker: ThreadPoolExecutor, pending: Pending | None) -> Pending | None:
-        for msg in self.io.recv(block=self.is_idle and pending is None):
-            self.dispatch(msg)
-        start = time.perf_counter()
-        self.admit_compiled_grammars()
-        self.expire_overdue()
-        if pending is not None and not self.can_overlap(pending[0]):
-            self.finish(pending)
+    def step(self) -> ScheduledBatch | None:
+        """One iteration; returns the batch it launched (still running on return)."""
+        p, pending = self.parts, self.pending
+        start = p.begin(block=p.lifecycle.idle and pending is None)
+        if pending is not None and not self.can_overlap(pending.batch):
+            self._finish(pending)
             pending = None
-        batch = None if self.stopped else self.next_batch()
-        launched = (batch, worker.submit(self.runner.forward, batch.entries)) if batch else None
+        batch = None if p.inbox.stopped else p.batcher.next_batch()
+        launched = None if batch is None else Pending(batch, self._submit(batch))
         if pending is not None:
-            self.finish(pending)
+            self._finish(pending)
         if launched is None:
-            if self.finished_out:
-                self.send_outputs(None)
-            if self.is_idle and not self.checked_idle:
-                self.on_idle()
+            if self.queues.finished_out:
+                p.outbox.send(None)
+            p.idle_check()
         else:
-            self.checked_idle = False
-        if pending is not None or launched is not None:
-            self.busy_s += time.perf_counter() - start
-        self.progress_at = time.monotonic()
-        return launched
+            p.checked_idle = False
+        p.end(start, busy=pending is not None or launched is not None)
+        self.pending = launched
+        return batch
 
     def can_overlap(self, last: ScheduledBatch) -> bool:
         """Schedule the next batch before `last` is processed? Not after a prefill (its
         requests join the running set only once processed), and not when a running request's
         next sampling needs the exact output `last` will produce."""
-        if last.is_prefill or not self.decode_fits():  # retraction must see settled requests
+        running = self.queues.running
+        if last.is_prefill or not self.parts.ledger.decode_fits(running):  # retraction must see settled requests
             return False
-        if self.urgent_victims()[1]:  # so must a preemption
+        if self.retractor.urgent_victims()[1]:  # so must a preemption
             return False
-        return not any(needs_history(r) or r.grammar is not None for r in self.running)
+        return not any(needs_history(r) or r.grammar is not None for r in running)
 
-    def finish(self, pending: Pending) -> None:
-        batch, future = pending
-        self.process_result(batch, future.result())
-        self.send_outputs(batch)
+    def close(self) -> None:
+        """Stop the forward thread (after the forward it runs, if any)."""
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)
+            self._worker = None
+
+    def _submit(self, batch: ScheduledBatch) -> Future[StepResult]:
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward")
+        return self._worker.submit(self.parts.runner.forward, batch.entries)
+
+    def _finish(self, pending: Pending) -> None:
+        self.parts.results.process(pending.batch, pending.future.result())
+        self.parts.outbox.send(pending.batch)

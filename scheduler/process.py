@@ -13,13 +13,17 @@ import os
 import sys
 import traceback
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runtime.contracts.codec import encode
 from runtime.contracts.config import ServerConfig, read_model_json
 from runtime.contracts.ipc import IpcDir, PullSocket, PushSocket, new_context
 from runtime.contracts.messages import BatchTokenOut, ChildReady, SchedulerCrashed
 from scheduler.watchdog import Watchdog
+
+if TYPE_CHECKING:
+    from scheduler.interfaces import SchedulerIO
+    from scheduler.scheduler import Scheduler
 
 logger = logging.getLogger("radixserve.scheduler")
 IDLE_POLL_MS = 200  # how long an idle scheduler blocks on its socket before looking around
@@ -56,7 +60,7 @@ class SocketIO:
 CRASH_REPORT_TIMEOUT_MS = 1000
 
 
-def start_watchdog(config: ServerConfig, ipc_path: str, scheduler: Any) -> Watchdog | None:
+def start_watchdog(config: ServerConfig, ipc_path: str, scheduler: Scheduler) -> Watchdog | None:
     """The watchdog of a running scheduler; its report goes out on a socket of its own (ZMQ
     sockets are not thread-safe, and the loop's may be mid-send in the stuck thread)."""
     if not config.watchdog_timeout:
@@ -82,7 +86,7 @@ def eos_token_ids(model_path: str, tokenizer: Any, config_eos: tuple[int, ...]) 
     return frozenset(ids)
 
 
-def build_scheduler(config: ServerConfig, io: Any, ipc_path: str | None = None) -> Any:
+def build_scheduler(config: ServerConfig, io: SchedulerIO, ipc_path: str | None = None) -> Scheduler:
     """Load the model and tokenizer and return a ready Scheduler (also used in-process by tests).
 
     With tp_size > 1 this is rank 0: it joins the group through `ipc_path`'s rendezvous file,
@@ -93,7 +97,6 @@ def build_scheduler(config: ServerConfig, io: Any, ipc_path: str | None = None) 
     from runtime.support.tokenizer_load import load_tokenizer, tokenizer_source
     from scheduler.grammar import GrammarBackend
     from scheduler.grammar_queue import GrammarQueue
-    from scheduler.overlap import OverlapScheduler
     from scheduler.scheduler import Scheduler
 
     if config.tp_size > 1:
@@ -107,7 +110,8 @@ def build_scheduler(config: ServerConfig, io: Any, ipc_path: str | None = None) 
     eos = eos_token_ids(config.model_path or "", tokenizer, loaded.model_config.eos_token_ids)
 
     def decode(ids: list[int], skip_special_tokens: bool) -> str:
-        return tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+        text: str = tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+        return text
 
     runner = ModelRunner(loaded)
     if loaded.tp is not None:
@@ -119,8 +123,8 @@ def build_scheduler(config: ServerConfig, io: Any, ipc_path: str | None = None) 
     def make_grammar_backend() -> GrammarBackend:
         return GrammarBackend(tokenizer, loaded.model_config.vocab_size, sorted(eos))
 
-    cls = Scheduler if config.disable_overlap_schedule else OverlapScheduler
-    return cls(loaded.config, runner, decode, eos, io, GrammarQueue(make_grammar_backend))
+    return Scheduler(loaded.config, runner, decode, eos, io, GrammarQueue(make_grammar_backend),
+                     overlap=not config.disable_overlap_schedule)
 
 
 def run_scheduler_process(config: ServerConfig, ipc_path: str, ready_conn: Connection) -> None:
@@ -132,7 +136,7 @@ def run_scheduler_process(config: ServerConfig, ipc_path: str, ready_conn: Conne
     try:
         scheduler = build_scheduler(config, io, ipc_path)
         info = {
-            "max_total_tokens": scheduler.cache.total,
+            "max_total_tokens": scheduler.ledger.cache.total,
             "max_running_requests": scheduler.max_running,
             "context_length": scheduler.context_len,
             "vocab_size": scheduler.runner.vocab_size,

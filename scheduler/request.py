@@ -14,11 +14,19 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from radix.tree import TreeNode
 from runtime.contracts.messages import GenerateReq, TopLogprobs
 from runtime.contracts.sampling import SamplingParams
+from scheduler.ngram import NgramIndex
+
+if TYPE_CHECKING:  # xgrammar (and torch with it) loads only once a request has a grammar
+    from concurrent.futures import Future
+
+    from xgrammar import CompiledGrammar
+
+    from scheduler.grammar import GrammarState
 
 
 class ReqState(enum.Enum):
@@ -29,6 +37,7 @@ class ReqState(enum.Enum):
 
 @dataclass(eq=False)
 class Req:
+    # What the client asked for (from the GenerateReq; fixed for the request's life).
     rid: str
     prompt: list[int]
     sampling: SamplingParams
@@ -42,24 +51,29 @@ class Req:
     stop_ids: frozenset[int] = frozenset()  # EOS + stop_token_ids (empty when ignore_eos)
     deadline: float | None = None  # wall-clock seconds; past it the scheduler aborts the request
     priority: int = 0
-    preemptions: int = 0  # retractions for a more urgent request (scheduler/priority.py)
+    arrival: float = field(default_factory=time.monotonic)
 
+    # Progress: where it is, what it produced and how it ended.
     state: ReqState = ReqState.WAITING
     output: list[int] = field(default_factory=list)
+    finish_reason: dict[str, Any] | None = None
+    matched_stop_token: bool = False
+    admitted_at: float | None = None  # monotonic time of its first admission into a prefill
+    cached_tokens: int = 0  # prompt tokens found in the prefix cache at admission (before output)
+    preemptions: int = 0  # retractions for a more urgent request (scheduler/priority.py)
+
+    # What it holds while admitted (scheduler/kv_ledger.py); all empty while it waits.
     row: int | None = None  # request-slot row while it holds KV
     row_synced: int = 0  # leading positions of the row known to hold kv[:row_synced]
     kv: list[int] = field(default_factory=list)
     prefix_len: int = 0
     node: TreeNode | None = None
-    cached_tokens: int = 0
-    finish_reason: dict[str, Any] | None = None
-    matched_stop_token: bool = False
-    arrival: float = field(default_factory=time.monotonic)
-    admitted_at: float | None = None  # monotonic time of its first admission into a prefill
-    ngram: Any = None  # its n-gram index, with speculative decoding (scheduler/ngram.py)
+
+    # Decoding helpers, made on demand.
+    ngram: NgramIndex | None = None  # its n-gram index, with speculative decoding
     # Constrained decoding: the compile in flight (while in the grammar queue), then the matcher.
-    grammar_future: Any = None
-    grammar: Any = None
+    grammar_future: Future[CompiledGrammar] | None = None
+    grammar: GrammarState | None = None
 
     # Output bookkeeping: what has been sent to the detokenizer.
     sent_ids: int = 0

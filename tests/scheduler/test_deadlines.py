@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import gc
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pytest
@@ -78,7 +77,7 @@ def test_overdue_requests_end_with_abort_in_every_state(tiny_model: str, overlap
     sched, io = make(tiny_model, chunked_prefill_size=8, max_running_requests=1,
                      disable_overlap_schedule=not overlap)
     now = [1000.0]
-    sched.clock = lambda: now[0]
+    sched.lifecycle.clock = lambda: now[0]
     submit(io, "run", [5] * 10, max_new_tokens=400, deadline=1010.0)
     submit(io, "chunk", list(range(3, 60)), max_new_tokens=400, deadline=1010.0)  # waits, then chunks
     submit(io, "wait", [7] * 5, max_new_tokens=400, deadline=1010.0)
@@ -87,13 +86,11 @@ def test_overdue_requests_end_with_abort_in_every_state(tiny_model: str, overlap
     # Its first compile starts the compile helper (seconds): still in the grammar queue at expiry.
     submit(io, "gram", [6] * 5, max_new_tokens=400, deadline=1010.0, regex="[0-9]{1,400}")
     if overlap:
-        with ThreadPoolExecutor(1) as worker:
-            pending = None
-            for _ in range(6):
-                pending = sched.overlap_step(worker, pending)
-            now[0] = 1010.0  # the deadline passes with a forward in flight
-            while pending is not None or not sched.is_idle:
-                pending = sched.overlap_step(worker, pending)
+        for _ in range(6):
+            sched.step()
+        now[0] = 1010.0  # the deadline passes with a forward in flight
+        while sched.in_flight is not None or not sched.is_idle:
+            sched.step()
         results = collect(io)
         sched.check_idle_integrity()
     else:
@@ -124,20 +121,20 @@ def test_abort_and_deadline_while_in_the_grammar_queue(tiny_model: str) -> None:
     sched, io = make(tiny_model)
     backend = GrammarBackend(AutoTokenizer.from_pretrained(tiny_model), VOCAB, stop_token_ids=[2],
                              compile_fn=slow_compile)
-    sched.grammars = GrammarQueue(lambda: backend)
+    sched.queues.grammars = GrammarQueue(lambda: backend)
     now = [1000.0]
-    sched.clock = lambda: now[0]
+    sched.lifecycle.clock = lambda: now[0]
     try:
         submit(io, "aborted", [5, 6], max_new_tokens=4, regex=f"{SLOW_MARKER}|a")
         submit(io, "expired", [5, 7], max_new_tokens=4, regex=f"{SLOW_MARKER}|b", deadline=1005.0)
         sched.step()
-        assert {r.rid for r in sched.grammars.pending} == {"aborted", "expired"}
+        assert {r.rid for r in sched.queues.grammars.pending} == {"aborted", "expired"}
         io.inbox.append(AbortReq("aborted"))
         now[0] = 1005.0
         results = run_until_idle(sched, io)  # also checks that nothing leaked
         assert results["aborted"]["finish"]["message"] == "aborted by request"
         assert "deadline" in results["expired"]["finish"]["message"]
-        assert sched.grammars.pending == []
+        assert sched.queues.grammars.pending == []
     finally:
         backend.shutdown()
 
@@ -150,22 +147,21 @@ def test_finished_requests_leave_the_deadlines_under_steady_load(tiny_model: str
     from scheduler.request import Req
 
     sched, io = make(tiny_model, disable_overlap_schedule=not overlap)
-    sched.clock = lambda: 1000.0
+    sched.lifecycle.clock = lambda: 1000.0
     submit(io, "keeper", [4] * 6, max_new_tokens=480, deadline=1e9)  # never idle: it outlasts the loop
     submitted = 0
-    with ThreadPoolExecutor(1) as worker:
-        pending = None
-        for _ in range(300):
-            while len(sched.live) + len(io.inbox) < 4:  # steady load: a few in flight at all times
-                submit(io, f"r{submitted}", [5 + submitted % 50] * 6, max_new_tokens=3, deadline=1e9)
-                submitted += 1
-            pending = sched.overlap_step(worker, pending) if overlap else sched.step()
-            assert not sched.is_idle
-            d = sched.deadlines
-            assert len(d) <= len(sched.live) and d.heap_size <= max(2 * len(sched.live), MIN_COMPACT)
+    live = sched.lifecycle.live
+    for _ in range(300):
+        while len(live) + len(io.inbox) < 4:  # steady load: a few in flight at all times
+            submit(io, f"r{submitted}", [5 + submitted % 50] * 6, max_new_tokens=3, deadline=1e9)
+            submitted += 1
+        sched.step()
+        assert not sched.is_idle
+        d = sched.lifecycle.deadlines
+        assert len(d) <= len(live) and d.heap_size <= max(2 * len(live), MIN_COMPACT)
     finished = sum(r["finish"] is not None for r in collect(io).values())
     assert finished > 3 * MIN_COMPACT  # far more than the heap may ever hold
-    assert not any(isinstance(x, Req) for x in reachable(sched.deadlines))
+    assert not any(isinstance(x, Req) for x in reachable(sched.lifecycle.deadlines))
     sched.check_integrity()
 
 
@@ -175,19 +171,18 @@ def test_deadline_passes_mid_chunked_prefill(tiny_model: str, overlap: bool) -> 
     ends aborted from the mid-chunk state, and nothing leaks."""
     sched, io = make(tiny_model, chunked_prefill_size=8, disable_overlap_schedule=not overlap)
     now = [1000.0]
-    sched.clock = lambda: now[0]
+    sched.lifecycle.clock = lambda: now[0]
     submit(io, "long", list(range(3, 83)), max_new_tokens=4, deadline=1001.0)
-    with ThreadPoolExecutor(1) as worker:
-        pending = None
-        for _ in range(3):
-            pending = sched.overlap_step(worker, pending) if overlap else sched.step()
-        assert sched.chunked is not None and sched.chunked.rid == "long"
-        assert 0 < sched.chunked.computed < 80  # some chunks done, more to go
-        now[0] = 1001.0
-        pending = sched.overlap_step(worker, pending) if overlap else sched.step()
-        assert sched.chunked is None
-        while pending is not None or not sched.is_idle:
-            pending = sched.overlap_step(worker, pending) if overlap else sched.step()
+    for _ in range(3):
+        sched.step()
+    chunked = sched.queues.chunked
+    assert chunked is not None and chunked.rid == "long"
+    assert 0 < chunked.computed < 80  # some chunks done, more to go
+    now[0] = 1001.0
+    sched.step()
+    assert sched.queues.chunked is None
+    while sched.in_flight is not None or not sched.is_idle:
+        sched.step()
     sched.check_idle_integrity()
     results = collect(io)
     finish = results["long"]["finish"]

@@ -94,7 +94,7 @@ def test_same_tokens_every_configuration(default_model_path, baseline, overlap, 
                          chunked_prefill_size=chunk, page_size=page, enable_mixed_chunk=mixed, dtype="float32")
     assert results == baseline
     if mixed and chunk > 0:  # chunked prompts keep others decoding: some forwards were mixed
-        assert sched.mixed_steps > 0
+        assert sched.batcher.mixed_steps > 0
     assert any(finish["type"] == "stop" and isinstance(finish["matched"], str) for _, finish in results.values())
 
 
@@ -109,9 +109,9 @@ def test_same_tokens_with_eviction_and_retraction(default_model_path, long_expec
     results, sched = run(default_model_path, long_outputs, disable_overlap_schedule=not overlap,
                          chunked_prefill_size=32, page_size=page, max_total_tokens=480, optimistic=True)
     assert results == long_expected
-    assert sched.retractions > 0
-    assert sched.cache.evicted_tokens > 0  # the pool was small enough to evict cached prefixes
-    assert sched.mixed_steps > 0  # re-admitted requests prefilled beside running decodes
+    assert sched.retractor.retractions > 0
+    assert sched.ledger.cache.evicted_tokens > 0  # the pool was small enough to evict cached prefixes
+    assert sched.batcher.mixed_steps > 0  # re-admitted requests prefilled beside running decodes
 
 
 TP_GRID = [(False, True, 32, 1, True), (True, False, -1, 16, False)]
@@ -123,8 +123,8 @@ def test_same_tokens_with_two_tensor_parallel_ranks(default_model_path, baseline
                                                     mixed) -> None:
     """Rank 0's scheduler in this process leading a real rank-1 process (gloo, a thread each)."""
     from runtime.contracts.config import ServerConfig
-    from runtime.execution.model_setup import resolve_config
-    from tests.runtime.tp_harness import tp_scheduler
+    from runtime.execution.resolve import resolve_config
+    from tests.runtime.parallel.tp_harness import tp_scheduler
     from tests.scheduler.harness import FakeIO
 
     config = resolve_config(ServerConfig(
@@ -143,7 +143,7 @@ def repetitive() -> list[tuple[list[int], dict]]:
     """Agent-like: each prompt holds a block of 'code' twice, so n-gram drafts are often right."""
     rng = random.Random(9)
     out = []
-    for i in range(6):
+    for _ in range(6):
         block = [rng.randrange(200, 40000) for _ in range(30)]
         out.append((SYSTEM[:20] + block + [13, 13] + block[:10], {"max_new_tokens": 24}))
     return out
@@ -173,4 +173,4 @@ def test_same_tokens_with_speculation_under_retraction(default_model_path, long_
     results, sched = run(default_model_path, long_outputs, chunked_prefill_size=32, max_total_tokens=320,
                          optimistic=True, speculative_algorithm="ngram", speculative_num_draft_tokens=6,
                          speculative_disable_by_batch_size=64)
-    assert results == long_expected and sched.retractions > 0 and sched.speculator.accepted > 0
+    assert results == long_expected and sched.retractor.retractions > 0 and sched.speculator.accepted > 0

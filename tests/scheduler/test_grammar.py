@@ -18,6 +18,8 @@ import torch
 
 from kernels.grammar_mask import apply_token_bitmask
 from runtime.contracts.errors import InvalidRequest
+from runtime.contracts.messages import GenerateReq
+from runtime.contracts.sampling import SamplingParams
 from runtime.support.grammar_check import (
     MAX_GRAMMAR_BYTES,
     GrammarChecker,
@@ -27,8 +29,6 @@ from runtime.support.grammar_check import (
     validate_grammar,
     validate_grammar_async,
 )
-from runtime.contracts.sampling import SamplingParams
-from runtime.contracts.messages import GenerateReq
 from scheduler.grammar import GrammarBackend, GrammarState, allocate_bitmask
 from scheduler.grammar_compile import CompileTimeout
 from scheduler.grammar_queue import GrammarQueue

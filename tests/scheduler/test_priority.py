@@ -7,13 +7,11 @@ they arrive while every low-priority request still completes."""
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import pytest
 
 from runtime.execution.static_batch import StaticBatch
 from scheduler.priority import MAX_PREEMPTIONS
-from tests.scheduler.harness import FakeIO, collect, make, run_until_idle, submit
+from tests.scheduler.harness import FakeIO, collect, make, submit
 
 PRIORITY = dict(enable_priority_scheduling=True, priority_aging_timeout=0.0)
 
@@ -69,21 +67,19 @@ def test_an_urgent_arrival_preempts_and_the_victim_resumes_unchanged(tiny_model:
     submit(io, "background", prompt, max_new_tokens=30, priority=0)
     urgent = ("urgent", [9, 9, 9], {"max_new_tokens": 4, "priority": 50})
     if overlap:
-        with ThreadPoolExecutor(max_workers=1) as worker:
-            pending = None
-            for _ in range(6):  # prefill, then decodes overlapped with the next step
-                pending = sched.overlap_step(worker, pending)
-            submit(io, urgent[0], urgent[1], **urgent[2])
-            for _ in range(200):
-                pending = sched.overlap_step(worker, pending)
-                if sched.is_idle and pending is None:
-                    break
+        for _ in range(6):  # prefill, then decodes overlapped with the next step
+            sched.step()
+        submit(io, urgent[0], urgent[1], **urgent[2])
+        for _ in range(200):
+            sched.step()
+            if sched.is_idle and sched.in_flight is None:
+                break
         sched.check_idle_integrity()
         results = collect(io)
     else:
         results, arrived, first = step_until_idle(sched, io, {5: [urgent]})
         assert first["urgent"] == arrived["urgent"]  # admitted in the step it arrived
-    assert sched.preemptions == 1 and sched.retractions == 1
+    assert sched.retractor.preemptions == 1 and sched.retractor.retractions == 1
     assert results["background"]["ids"] == expected and results["background"]["finishes"] == 1
     assert len(results["urgent"]["ids"]) == 4
 
@@ -102,9 +98,9 @@ def test_preemption_needs_a_difference_above_the_threshold(tiny_model: str, low_
     assert all(r["finishes"] == 1 for r in results.values())
     delay = first["arrival"] - arrived["arrival"]
     if preempts:
-        assert (sched.preemptions, sched.retractions, delay) == (1, 1, 0)
+        assert (sched.retractor.preemptions, sched.retractor.retractions, delay) == (1, 1, 0)
     else:  # the one row stays with "background" until its 30 tokens are out
-        assert (sched.preemptions, sched.retractions) == (0, 0) and delay >= 30 - 3 - 1, delay
+        assert (sched.retractor.preemptions, sched.retractor.retractions) == (0, 0) and delay >= 30 - 3 - 1, delay
 
 
 def test_the_cap_limits_preemptions_per_request(tiny_model: str) -> None:
@@ -113,7 +109,7 @@ def test_the_cap_limits_preemptions_per_request(tiny_model: str) -> None:
     arrivals = {6 + 4 * i: [(f"urgent-{i}", [9, 9], {"max_new_tokens": 2, "priority": 50})]
                 for i in range(MAX_PREEMPTIONS + 2)}
     results, arrived, first = step_until_idle(sched, io, arrivals)
-    assert sched.preemptions == MAX_PREEMPTIONS  # then "background" keeps its row
+    assert sched.retractor.preemptions == MAX_PREEMPTIONS  # then "background" keeps its row
     delays = [first[f"urgent-{i}"] - arrived[f"urgent-{i}"] for i in range(MAX_PREEMPTIONS + 2)]
     assert delays[:MAX_PREEMPTIONS] == [0] * MAX_PREEMPTIONS
     assert min(delays[MAX_PREEMPTIONS:]) >= 10, delays  # they wait for "background" to finish
@@ -128,7 +124,7 @@ def test_aging_lets_a_starved_request_through(tiny_model: str) -> None:
     stream = {k: [(f"u{k}", [9, 9], {"max_new_tokens": 2, "priority": 9})] for k in range(0, 40, 2)}
 
     def age_at_step_20() -> None:
-        for req in sched.waiting:
+        for req in sched.queues.waiting:
             if req.rid == "starved":
                 req.arrival -= 3600.0  # as if it had waited the whole timeout
 
@@ -163,4 +159,4 @@ def test_urgent_first_tokens_stay_prompt_under_saturation(tiny_model: str) -> No
     delays = [first[f"high-{j}"] - arrived[f"high-{j}"] for j in range(10)]
     assert max(delays) == 0, delays
     assert all(results[f"low-{i}"]["finishes"] == 1 and len(results[f"low-{i}"]["ids"]) == 60 for i in range(24))
-    assert sched.preemptions >= 1
+    assert sched.retractor.preemptions >= 1

@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import math
 import random
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
 import transformers
 
-from runtime.execution import input_logprobs
 from runtime.contracts.messages import AbortReq, FlushCacheReq, GetStateReq
+from runtime.execution import input_logprobs
 from runtime.execution.static_batch import StaticBatch
 from tests.scheduler.harness import VOCAB, collect, make, run_until_idle, submit
+
 
 def workload(seed: int = 0, n: int = 12) -> list[list[int]]:
     rng = random.Random(seed)
@@ -80,7 +80,7 @@ def test_abort_waiting_running_and_chunked(tiny_model: str) -> None:
     submit(io, "wait", [7] * 5, max_new_tokens=200)
     for _ in range(3):
         sched.step()
-    assert sched.chunked is not None and sched.chunked.rid == "chunk"
+    assert sched.queues.chunked is not None and sched.queues.chunked.rid == "chunk"
     io.inbox += [AbortReq("run"), AbortReq("chunk"), AbortReq("wait")]
     results = run_until_idle(sched, io)
     for rid in ("run", "chunk", "wait"):
@@ -167,17 +167,12 @@ def test_abort_while_batch_in_flight_reports_once(tiny_model: str, overlap: bool
     sched, io = make(tiny_model, disable_overlap_schedule=not overlap)
     for i in range(4):
         submit(io, f"x{i}", [11 + i] * (3 + i), max_new_tokens=40)
-    with ThreadPoolExecutor(max_workers=1) as worker:
-        pending = None
-        for step in range(200):
-            if step == 5:
-                io.inbox += [AbortReq("x1"), AbortReq("x3")]
-            if overlap:
-                pending = sched.overlap_step(worker, pending)
-            else:
-                sched.step()
-            if sched.is_idle and pending is None and step > 5:
-                break
+    for step in range(200):
+        if step == 5:
+            io.inbox += [AbortReq("x1"), AbortReq("x3")]
+        sched.step()
+        if sched.is_idle and sched.in_flight is None and step > 5:
+            break
     sched.check_idle_integrity()
     results = collect(io)
     assert all(r["finishes"] == 1 for r in results.values()), results
@@ -195,7 +190,7 @@ def test_retraction_keeps_outputs_identical(tiny_model: str, overlap: bool) -> N
     for i, p in enumerate(prompts):
         submit(io, f"t{i}", p, max_new_tokens=40)
     results = run_until_idle(sched, io)
-    assert sched.retractions > 0
+    assert sched.retractor.retractions > 0
     for i in range(len(prompts)):
         assert results[f"t{i}"]["ids"] == expected[i] and results[f"t{i}"]["finishes"] == 1
 
@@ -204,12 +199,11 @@ def test_abort_of_a_prefill_in_flight_under_overlap(tiny_model: str) -> None:
     """Aborted while its prefill runs on the forward thread: it is in no queue, but holds a row."""
     sched, io = make(tiny_model, disable_overlap_schedule=False)
     submit(io, "inflight", [5, 6, 7, 8], max_new_tokens=50)
-    with ThreadPoolExecutor(max_workers=1) as worker:
-        pending = sched.overlap_step(worker, None)
-        assert pending is not None and pending[0].is_prefill
-        io.inbox.append(AbortReq("inflight"))
-        pending = sched.overlap_step(worker, pending)
-        assert pending is None
+    sched.step()
+    assert sched.in_flight is not None and sched.in_flight.is_prefill
+    io.inbox.append(AbortReq("inflight"))
+    sched.step()
+    assert sched.in_flight is None
     results = run_until_idle(sched, io)
     assert results["inflight"]["finish"]["type"] == "abort" and results["inflight"]["finishes"] == 1
 
@@ -217,14 +211,13 @@ def test_abort_of_a_prefill_in_flight_under_overlap(tiny_model: str) -> None:
 def test_flush_refused_while_a_prefill_is_in_flight(tiny_model: str) -> None:
     sched, io = make(tiny_model, disable_overlap_schedule=False)
     submit(io, "a", [5, 6, 7, 8], max_new_tokens=3)
-    with ThreadPoolExecutor(max_workers=1) as worker:
-        pending = sched.overlap_step(worker, None)
-        assert pending is not None and not sched.is_idle
-        io.inbox.append(FlushCacheReq(7))
-        pending = sched.overlap_step(worker, pending)
-        assert io.control[-1].req_id == 7 and not io.control[-1].success
-        while pending is not None or not sched.is_idle:
-            pending = sched.overlap_step(worker, pending)
+    sched.step()
+    assert sched.in_flight is not None and not sched.is_idle
+    io.inbox.append(FlushCacheReq(7))
+    sched.step()
+    assert io.control[-1].req_id == 7 and not io.control[-1].success
+    while sched.in_flight is not None or not sched.is_idle:
+        sched.step()
     assert collect(io)["a"]["finishes"] == 1
     sched.check_idle_integrity()
 

@@ -9,6 +9,7 @@ from radix.allocator import KVAllocator
 from radix.prefix_cache import RadixPrefixCache
 from radix.tree import RadixTree
 from runtime.contracts.messages import AbortReq, GetStateReq
+from scheduler.kv_ledger import KVLedger
 from scheduler.scheduler import Scheduler
 from tests.scheduler.harness import make, run_until_idle, submit
 
@@ -17,14 +18,14 @@ POOL = 1 << 17  # KV slots: a walk of this many is a visible stall, a counter re
 
 def walked(sched: Scheduler) -> dict[str, int]:
     """The KV numbers a full walk of the allocator's flags and the tree computes."""
-    cache = sched.cache
+    cache = sched.ledger.cache
     assert isinstance(cache, RadixPrefixCache)
     nodes = list(cache.tree._nodes())
     return {
         "kv_available": sum(cache.allocator._is_free) * cache.page_size,
         "kv_evictable": sum(len(n.key) for n in nodes if n.lock_ref == 0),
         "kv_protected": sum(len(n.key) for n in nodes if n.lock_ref > 0),
-        "rows_free": len(set(sched.rows.free_rows)),
+        "rows_free": len(set(sched.ledger.rows.free_rows)),  # type: ignore[attr-defined]
     }
 
 
@@ -34,7 +35,7 @@ def poll(sched: Scheduler, monkeypatch: pytest.MonkeyPatch) -> dict:
         raise AssertionError("a state poll walked the KV pool")
 
     with monkeypatch.context() as m:
-        for cls in (Scheduler, RadixPrefixCache, KVAllocator, RadixTree):
+        for cls in (Scheduler, KVLedger, RadixPrefixCache, KVAllocator, RadixTree):
             m.setattr(cls, "check_integrity", tripwire)
         sched.dispatch(GetStateReq(7))
     out = sched.io.control.pop()
@@ -59,7 +60,7 @@ def test_poll_uses_counters_that_match_the_full_walk(
         sched.step()
     io.inbox.append(AbortReq("aborted"))
     sched.step()
-    assert sched.running and sched.chunked is not None
+    assert sched.queues.running and sched.queues.chunked is not None
     state = poll(sched, monkeypatch)
     assert state["integrity"] == "ok"
     assert state["kv_protected"] > 0 and state["kv_evictable"] > 0
@@ -70,6 +71,6 @@ def test_poll_uses_counters_that_match_the_full_walk(
 def test_poll_still_reports_a_counter_violation(tiny_model: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A slot taken behind the cache's back breaks the counted equation: the poll says so."""
     sched, io = make(tiny_model, max_total_tokens=POOL)
-    assert sched.cache.allocator.alloc(1) is not None
+    assert sched.ledger.cache.allocator.alloc(1) is not None
     state = poll(sched, monkeypatch)
     assert state["integrity"].startswith("violated: KV leak")

@@ -9,13 +9,11 @@
 from __future__ import annotations
 
 import random
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from runtime.contracts.messages import AbortReq
 from runtime.contracts.sampling import SamplingParams
-from scheduler.overlap import OverlapScheduler
 from scheduler.policy import order_waiting
 from scheduler.request import Req
 from tests.scheduler.harness import VOCAB, make, run_until_idle, submit
@@ -66,29 +64,24 @@ def test_abort_fuzz(tiny_model: str, overlap: bool, seed: int) -> None:
     finished: set[str] = set()
     aborted_live: set[str] = set()  # rids an abort reached before their finish was reported
     seen = 0
-    with ThreadPoolExecutor(max_workers=1) as worker:
-        pending = None
-        for step in range(600):
-            if step < 300 and rng.random() < 0.3:
-                rid = f"q{len(rids)}" + ("_0" if rng.random() < 0.2 else "")
-                rids.append(rid)
-                submit(io, rid, [rng.randrange(3, VOCAB) for _ in range(rng.randrange(1, 60))],
-                       max_new_tokens=rng.randrange(0, 30))
-            seen = _reported_finished(io, seen, finished)
-            roll = rng.random()
-            if rids and roll < 0.15:
-                target = rng.choice(rids).split("_")[0]
-                io.inbox.append(AbortReq(target))
-                aborted_live.update(r for r in rids if r.split("_")[0] == target and r not in finished)
-            elif roll < 0.16:
-                io.inbox.append(AbortReq(abort_all=True))
-                aborted_live.update(r for r in rids if r not in finished)
-            if isinstance(sched, OverlapScheduler):
-                pending = sched.overlap_step(worker, pending)
-            else:
-                sched.step()
-            if step % 25 == 0:
-                sched.check_integrity()
+    for step in range(600):
+        if step < 300 and rng.random() < 0.3:
+            rid = f"q{len(rids)}" + ("_0" if rng.random() < 0.2 else "")
+            rids.append(rid)
+            submit(io, rid, [rng.randrange(3, VOCAB) for _ in range(rng.randrange(1, 60))],
+                   max_new_tokens=rng.randrange(0, 30))
+        seen = _reported_finished(io, seen, finished)
+        roll = rng.random()
+        if rids and roll < 0.15:
+            target = rng.choice(rids).split("_")[0]
+            io.inbox.append(AbortReq(target))
+            aborted_live.update(r for r in rids if r.split("_")[0] == target and r not in finished)
+        elif roll < 0.16:
+            io.inbox.append(AbortReq(abort_all=True))
+            aborted_live.update(r for r in rids if r not in finished)
+        sched.step()
+        if step % 25 == 0:
+            sched.check_integrity()
     results = run_until_idle(sched, io)
     assert set(results) == set(rids)
     assert aborted_live, "the fuzz never aborted a live request"
@@ -109,9 +102,9 @@ def test_dfs_weight_groups_shared_prefixes_and_defers_duplicates(tiny_model: str
     run_until_idle(sched, io)  # the cache now holds `shared`
     cold_a, cold_b = [5] * 40 + [1], [5] * 40 + [2]  # share 40 uncached tokens with each other
     queue = [_req("cold_a", cold_a), _req("hot_1", shared + [1]), _req("cold_b", cold_b), _req("hot_2", shared + [2])]
-    order = [r.rid for r in order_waiting(queue, "dfs-weight", sched.cache)]
+    order = [r.rid for r in order_waiting(queue, "dfs-weight", sched.ledger.cache)]
     assert order[:2] == ["hot_1", "hot_2"]  # the heavier cached subtree first, together
     assert "cold_a" in order and "cold_b" not in order  # deferred one round behind cold_a
-    lpm = [r.rid for r in order_waiting(queue, "lpm", sched.cache)]
+    lpm = [r.rid for r in order_waiting(queue, "lpm", sched.ledger.cache)]
     assert lpm[:2] == ["hot_1", "hot_2"] and "cold_b" not in lpm
-    assert [r.rid for r in order_waiting(queue, "fcfs", sched.cache)] == ["cold_a", "hot_1", "cold_b", "hot_2"]
+    assert [r.rid for r in order_waiting(queue, "fcfs", sched.ledger.cache)] == ["cold_a", "hot_1", "cold_b", "hot_2"]

@@ -1,4 +1,4 @@
-"""The watchdog's rule and thread (the process-level case is tests/runtime/test_launch.py)."""
+"""The watchdog's rule and thread (the process-level case is tests/tokenizer/test_launch.py)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,87 @@
+"""Admission: this round's prefill budgets, and moving waiting requests into a prefill.
+
+The budgets (scheduler/policy.py's PrefillAdder) are KV beyond what running requests will still
+take (`new_token_ratio` of their remaining output), prefill tokens, the chunk size, and request
+rows (max_running_requests and free rows).
+"""
+
+from __future__ import annotations
+
+import time
+
+from runtime.contracts.config import ServerConfig
+from scheduler.kv_ledger import KVLedger
+from scheduler.policy import PrefillAdder, order_waiting
+from scheduler.priority import PriorityRules
+from scheduler.queues import ReqQueues
+from scheduler.request import Req
+from scheduler.retract import NewTokenRatio, reserved_kv
+
+
+class Admission:
+    """Owns the admission limits (rows, chunk size) and builds each round's PrefillAdder."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        queues: ReqQueues,
+        ledger: KVLedger,
+        ratio: NewTokenRatio,
+        priority: PriorityRules | None,
+    ) -> None:
+        self.config = config
+        self.queues = queues
+        self.ledger = ledger
+        self.ratio = ratio
+        self.priority = priority  # None: priorities are not used
+        rows = ledger.rows.size
+        self.max_running = min(config.max_running_requests or rows, rows)
+        chunk = config.chunked_prefill_size
+        self.chunk_size = chunk if chunk and chunk > 0 else None  # None: no chunking
+
+    def new_adder(self) -> PrefillAdder:
+        """This round's budgets, with the mid-chunk request (if any) not yet added."""
+        q, ps = self.queues, self.ledger.page_size
+        # Mixed with the running decodes, the forward's token budget covers their tokens too,
+        # but the prompts keep at least half of it, so a mid-chunk prompt always progresses.
+        decoding = len(q.running) if self.config.enable_mixed_chunk else 0
+        max_prefill = self.config.max_prefill_tokens
+        chunk = self.chunk_size
+        return PrefillAdder(
+            cache=self.ledger.cache,
+            page_size=ps,
+            reserved=sum(reserved_kv(r, self.ratio.value, ps) for r in q.running),
+            rem_input=max(max_prefill - decoding, max_prefill // 2),
+            rem_chunk=None if chunk is None else max(chunk - decoding, chunk // 2),
+            rem_reqs=min(self.max_running - q.num_running(), self.ledger.rows.available())
+            + (q.chunked is not None),
+        )
+
+    def admit_waiting(self, adder: PrefillAdder) -> None:
+        """Add waiting requests in the policy's order until one does not fit."""
+        cache = self.ledger.cache
+        order = order_waiting(self.queues.waiting, self.config.schedule_policy, cache)
+        if self.priority is not None:
+            order = self.priority.order(order, time.monotonic())
+        for req in order:
+            if not adder.budget_left() or adder.new_chunked is not None:
+                break
+            match = cache.match(req.fill_ids[: req.max_prefix_len()], req.extra_key)
+            cache.lock(match.node)
+            if not adder.try_add(req, match.indices, len(req.fill_ids) - len(match.indices)):
+                cache.unlock(match.node)
+                break
+            self.ledger.bind(req, match)
+            if req.admitted_at is None:
+                req.admitted_at = time.monotonic()
+            if not req.output:  # a retracted request's re-admission is not a prompt cache hit
+                req.cached_tokens = len(match.indices)
+            self.queues.waiting.remove(req)
+
+    def fits_now(self, req: Req) -> bool:
+        """Would `req` be admitted if it were first in the queue (a row, then its KV)?"""
+        adder = self.new_adder()
+        if adder.rem_reqs <= 0:
+            return False
+        cached = len(self.ledger.cache.match(req.fill_ids[: req.max_prefix_len()], req.extra_key).indices)
+        return adder.kv_fits(req, cached)

@@ -1,0 +1,106 @@
+"""The KV ledger: which request holds which request row and KV slots, and the only code that
+hands them out to requests or takes them back.
+
+A request holds a row and KV from its admission into a prefill until it finishes or is
+retracted (`Req` documents the layout of `kv`). Memory invariant, at every step boundary:
+
+    free + evictable + protected + held by requests == total KV slots
+    free rows + rows in `holding` == all rows
+"""
+
+from __future__ import annotations
+
+from radix.prefix_cache import BasePrefixCache
+from radix.tree import MatchResult
+from scheduler.interfaces import RowPool
+from scheduler.request import Req
+from scheduler.retract import decode_slots_needed
+from scheduler.speculative import trim_kv
+
+
+class KVLedger:
+    """Owns the prefix cache, the request rows and which request holds which."""
+
+    def __init__(self, cache: BasePrefixCache, rows: RowPool, page_size: int) -> None:
+        self.cache = cache
+        self.rows = rows
+        self.page_size = page_size
+        # NOTE: also covers requests admitted into a prefill still in flight (overlap), which
+        # are in no queue yet: this is the one complete list of requests holding memory.
+        self.holding: dict[int, Req] = {}  # request row -> the request that holds it (and KV)
+
+    def room(self) -> int:
+        """KV slots obtainable now: free ones and evictable cached ones."""
+        return self.cache.available() + self.cache.evictable_size
+
+    def decode_fits(self, running: list[Req]) -> bool:
+        """Can every request in `running` decode one more token?"""
+        return decode_slots_needed(running, self.page_size) <= self.room()
+
+    def bind(self, req: Req, match: MatchResult) -> None:
+        """Admission: give `req` a row and its (already locked) cached prefix `match`."""
+        row = self.rows.alloc()
+        assert row is not None, "admission counts free rows"
+        self.holding[row] = req
+        req.row, req.kv, req.prefix_len, req.node = row, list(match.indices), len(match.indices), match.node
+        req.row_synced = 0
+
+    def extend(self, req: Req, n: int) -> bool:
+        """`n` more KV slots for `req`'s next tokens; False when the pool cannot give them."""
+        slots = self.cache.alloc_extend(req.kv, n)
+        if slots is None:
+            return False
+        req.kv.extend(slots)
+        return True
+
+    def trim(self, req: Req, keep: int) -> None:
+        """Drop `req`'s slots past `keep` (rejected drafts, scheduler/speculative.py)."""
+        trim_kv(self.cache, req, keep, self.page_size)
+
+    def cache_unfinished(self, req: Req) -> None:
+        """Publish a continuing request's computed tokens to the cache; re-point its row."""
+        assert req.node is not None
+        update = self.cache.cache_unfinished(
+            req.fill_ids[: req.computed], req.kv, req.prefix_len, req.node, req.extra_key
+        )
+        req.kv, req.prefix_len, req.node = list(update.kv), update.prefix_len, update.node
+        req.row_synced = 0  # canonical slots may differ from what the row holds
+
+    def release(self, req: Req) -> None:
+        """Hand a request's KV to the cache and free its row (idempotent).
+
+        Under overlap a request may hold one slot beyond its known tokens (the in-flight token's);
+        that slot is freed here unless it shares a page with the kept ones.
+        """
+        if req.row is None:
+            return
+        assert req.node is not None
+        tokens = req.fill_ids[: req.computed]
+        kv, extra = req.kv[: len(tokens)], req.kv[len(tokens) :]
+        if extra and len(kv) % self.page_size == 0:
+            self.cache.free(extra[:1])
+        self.cache.cache_finished(tokens, kv, req.prefix_len, req.node, req.extra_key)
+        del self.holding[req.row]
+        self.rows.free(req.row)
+        req.row, req.kv, req.prefix_len, req.node = None, [], 0, None
+
+    def held_slots(self) -> int:
+        return sum(self.cache.owned_slots(r.computed, r.prefix_len) for r in self.holding.values())
+
+    def check_integrity(self) -> None:
+        """The memory invariant, walking the whole KV pool and tree (tests; idle time)."""
+        self.cache.check_integrity(held_by_requests=self.held_slots())
+        self.rows.check_integrity()
+
+    def check_counts(self) -> None:
+        """The memory invariant from counters only, in O(running requests)."""
+        self.cache.check_counts(held_by_requests=self.held_slots())
+        assert self.rows.available() == self.rows.size - len(self.holding), "request rows leaked"
+
+    def check_idle_integrity(self) -> None:
+        """Nothing is held: every slot is free or cached, every row free."""
+        self.cache.check_idle_integrity()
+        self.rows.check_integrity()
+        assert self.rows.available() == self.rows.size, (
+            f"request rows leaked: {self.rows.size - self.rows.available()} held while idle"
+        )
