@@ -255,6 +255,7 @@ def chat_request(lim: SchemaLimits) -> Schema:
              "response_format": _response_format(), "tools": array(_tool()),
              "tool_choice": {"anyOf": [{"type": "string", "enum": ["none", "auto", "required"]},
                                        choice]},
+             "parallel_tool_calls": {**BOOL, "description": "false: at most one tool call"},
              "chat_template_kwargs": {"type": "object",
                                       "propertyNames": {"pattern": TEMPLATE_VAR_PATTERN},
                                       "description": "template variables (enable_thinking, ...)"},

@@ -1,7 +1,8 @@
 """Structured outputs and tool calls against the real server (the run's `small_server`,
 tests/conftest.py: the default model in float32 with --reasoning-parser qwen3): response_format,
-native regex / EBNF / JSON schema, forced tool calls through the official `openai` client (plain
-and streamed), grammar errors, and a multi-turn chat served from the prefix cache.
+native regex / EBNF / JSON schema, forced tool calls through the official `openai` client (plain,
+streamed delta by delta, one or several), grammar errors, and a multi-turn chat served from the
+prefix cache.
 
 Tests named `test_grammar_*` need constrained decoding (grammar validation in the manager and
 token masks in the scheduler); the others only need the HTTP layer.
@@ -210,7 +211,8 @@ def test_grammar_forced_named_tool_call(client: openai.OpenAI) -> None:
 
 def test_grammar_required_tool_call_picks_a_known_tool(client: openai.OpenAI) -> None:
     out = client.chat.completions.create(model="m", messages=ASK_WEATHER, tools=[WEATHER, TIME],
-                                         tool_choice="required", max_tokens=64, temperature=0)
+                                         tool_choice="required", parallel_tool_calls=False,
+                                         max_tokens=64, temperature=0)
     calls = out.choices[0].message.tool_calls or []
     assert out.choices[0].finish_reason == "tool_calls" and len(calls) == 1
     args = json.loads(calls[0].function.arguments)
@@ -221,19 +223,48 @@ def test_grammar_required_tool_call_picks_a_known_tool(client: openai.OpenAI) ->
 
 
 def test_grammar_forced_tool_call_streamed(client: openai.OpenAI) -> None:
+    """Streamed as OpenAI streams a call: the first tool-call delta carries index, id, type and
+    name (arguments ""), later ones argument fragments as they are generated; joined, they are
+    the non-streamed call (greedy), and the openai client assembles the same call."""
     kwargs: Any = dict(model="m", messages=ASK_WEATHER, tools=[WEATHER], max_tokens=64,
                        temperature=0, tool_choice={"type": "function",
                                                    "function": {"name": "get_weather"}})
-    plain = client.chat.completions.create(**kwargs)
+    plain = client.chat.completions.create(**kwargs).choices[0].message.tool_calls[0]
+    parts, reasons = [], []
+    for chunk in client.chat.completions.create(stream=True, **kwargs):
+        choice = chunk.choices[0]
+        parts += [(c.model_dump(exclude_none=True), choice.delta.content) for c in choice.delta.tool_calls or []]
+        reasons.append(choice.finish_reason)
+    head, *rest = [p for p, _ in parts]
+    assert head == {"index": 0, "id": head["id"], "type": "function",
+                    "function": {"name": "get_weather", "arguments": ""}} and head["id"].startswith("call_")
+    fragments = [p["function"]["arguments"] for p in rest]
+    assert all(p.keys() == {"index", "function"} and p["function"].keys() == {"arguments"} for p in rest)
+    assert len(fragments) > 3 and all(content is None for _, content in parts)  # token by token
+    assert "".join(fragments) == plain.function.arguments
+    _check_weather_args(plain.function.arguments)
+    assert [r for r in reasons if r] == ["tool_calls"]
     with client.chat.completions.stream(**kwargs) as stream:
-        final = stream.get_final_completion()
-    choice = final.choices[0]
-    assert choice.finish_reason == "tool_calls"
-    calls = choice.message.tool_calls or []
-    assert len(calls) == 1 and calls[0].function.name == "get_weather" and calls[0].id
-    _check_weather_args(calls[0].function.arguments)
-    assert calls[0].function.arguments == plain.choices[0].message.tool_calls[0].function.arguments
-    assert calls[0].function.parsed_arguments == json.loads(calls[0].function.arguments)
+        final = stream.get_final_completion().choices[0]
+    assert final.finish_reason == "tool_calls" and final.message.tool_calls[0].id
+    assert final.message.tool_calls[0].function.arguments == plain.function.arguments
+    assert final.message.tool_calls[0].function.parsed_arguments == json.loads(plain.function.arguments)
+
+
+def test_grammar_required_parallel_tool_calls(client: openai.OpenAI) -> None:
+    """tool_choice required: a JSON array of one or more calls; with parallel_tool_calls false,
+    exactly one call."""
+    kwargs: Any = dict(model="m", messages=ASK_WEATHER, tools=[WEATHER, TIME], tool_choice="required",
+                       max_tokens=120, temperature=0)
+    several = client.chat.completions.create(**kwargs).choices[0]  # the default model makes two
+    assert several.finish_reason == "tool_calls" and several.message.tool_calls
+    for call in several.message.tool_calls:
+        if call.function.name == "get_weather":
+            _check_weather_args(call.function.arguments)
+        else:
+            assert call.function.name == "get_time" and set(json.loads(call.function.arguments)) == {"zone"}
+    one = client.chat.completions.create(parallel_tool_calls=False, **kwargs).choices[0]
+    assert one.finish_reason == "tool_calls" and len(one.message.tool_calls or []) == 1
 
 
 def test_auto_tool_choice_answers_with_content_or_calls(client: openai.OpenAI) -> None:

@@ -5,8 +5,9 @@ The manager's streamed outputs carry cumulative `text` (and cumulative logprob l
 remembers, per choice index, how much it already sent and emits only the new part, so the joined
 deltas equal the non-streamed text. Choice `index` is prompt-major (`prompt * n + sample`), as the
 manager numbers fanned-out outputs. `finish_reason` is the manager's type: stop, length or abort;
-or tool_calls when a chat with tools produced calls (`tool_calls.py` parses them; a stream holds
-back what may be a call and sends each call as two deltas at the end).
+or tool_calls when a chat with tools stopped after producing calls (`tool_calls.py` reads them;
+a stream sends a call's id, type and name once the call is certain, then its arguments in
+fragments as they are generated, and holds back only content that may still become a call).
 """
 
 from __future__ import annotations
@@ -27,12 +28,12 @@ from tokenizer.openai.protocol import (
 from tokenizer.openai.reasoning import PARSERS as REASONING_PARSERS
 from tokenizer.openai.reasoning import ReasoningStream, split_reasoning
 from tokenizer.openai.tool_calls import (
-    ToolCall,
+    ContentDelta,
     ToolCallStream,
-    adapt_to_template,
-    parse_tool_calls,
-    tool_call_deltas,
+    chat_delta,
+    parse_for_plan,
 )
+from tokenizer.openai.tool_prompts import adapt_to_template
 
 if TYPE_CHECKING:
     from runtime.contracts.config import ServerConfig
@@ -295,7 +296,7 @@ class ChatRenderer(_Renderer):
         self.reasoning = REASONING_PARSERS.get(reasoning_parser) if plan.separate_reasoning else None
         self.tool_parser = tool_parser
         self._tool_streams: dict[int, ToolCallStream] = {}
-        self._calls: dict[int, list[ToolCall]] = {}  # parsed at the end, not yet sent
+        self._call_deltas: dict[int, list[dict[str, Any]]] = {}  # for the chunk being built
         self._reasoning_streams: dict[int, ReasoningStream] = {}
         self._reasoning_delta: dict[int, str] = {}  # for the chunk being built
 
@@ -313,11 +314,11 @@ class ChatRenderer(_Renderer):
         reason = finish_reason(meta)
         tools = self.plan.tools
         if tools is not None:
-            parsed = parse_tool_calls(text, tools.names, "auto" if tools.choice.forced else self.tool_parser)
+            parsed = parse_for_plan(text, tools, self.tool_parser)
             if parsed.calls:
                 message = {"role": "assistant", "content": parsed.content,
                            "tool_calls": [c.to_openai() for c in parsed.calls]}
-                reason = "tool_calls"
+                reason = _calls_reason(reason)
         if self.reasoning is not None:
             message["reasoning_content"] = reasoning
         return {"index": i, "message": message, "logprobs": logprobs, "finish_reason": reason,
@@ -329,8 +330,10 @@ class ChatRenderer(_Renderer):
         return [self._chunk(i, role, None) for i in range(self.plan.num_choices)]
 
     def chunks(self, out: dict[str, Any]) -> list[Any]:
-        """As for any route; a choice that ended in calls gets, after its content, each call's
-        deltas and then a chunk with finish_reason tool_calls."""
+        """As for any route; the step's thinking delta goes first, and its call deltas (id, type
+        and name, then argument fragments) follow its content, each in a chunk of its own; a
+        choice with calls ends in an empty chunk with the finish_reason (tool_calls when it
+        stopped by itself)."""
         payloads = super().chunks(out)
         i = out.get("index", 0)
         thought = self._reasoning_delta.pop(i, "")
@@ -340,14 +343,18 @@ class ChatRenderer(_Renderer):
                 choice["delta"] = {"reasoning_content": thought, **choice["delta"]}
             else:
                 payloads = [self._chunk(i, {"reasoning_content": thought}, None)]
-        calls = self._calls.pop(i, None)
-        if not calls:
+        calls = self._call_deltas.pop(i, [])
+        stream = self._tool_streams.get(i)
+        if not calls and not (stream is not None and stream.calls):
             return payloads
+        reason = payloads[-1]["choices"][0]["finish_reason"] if payloads else None
         kept = [p for p in payloads if p["choices"][0]["delta"] or p["choices"][0]["logprobs"]]
         for payload in kept:
             payload["choices"][0]["finish_reason"] = None
-        tail = [self._chunk(i, delta, None) for delta in tool_call_deltas(calls)]
-        return kept + tail + [self._chunk(i, {}, "tool_calls")]
+        tail = kept + [self._chunk(i, delta, None) for delta in calls]
+        if reason is not None:
+            tail.append(self._chunk(i, {}, _calls_reason(reason) if stream and stream.calls else reason))
+        return tail
 
     def _text_delta(self, i: int, text: str, finished: bool) -> str:
         if self.reasoning is not None:  # what follows the thinking is the content
@@ -358,12 +365,18 @@ class ChatRenderer(_Renderer):
         if tools is None:
             return super()._text_delta(i, text, finished)
         self._sent_text[i] = len(text)  # NOTE: only marks the choice as started
-        parser = self.tool_parser
-        stream = self._tool_streams.setdefault(i, ToolCallStream(tools.names, tools.choice.forced, parser))
-        delta, calls = stream.feed(text, finished)
-        if calls:
-            self._calls[i] = calls
-        return delta
+        stream = self._tool_streams.get(i)
+        if stream is None:
+            stream = self._tool_streams[i] = ToolCallStream.for_plan(tools, self.tool_parser)
+        content = []
+        for event in stream.events(text, finished):
+            if isinstance(event, ContentDelta):
+                content.append(event.text)
+            else:
+                delta = chat_delta(event)
+                if delta is not None:
+                    self._call_deltas.setdefault(i, []).append(delta)
+        return "".join(content)
 
     def _chunk(self, i: int, delta: dict[str, Any], reason: str | None) -> dict[str, Any]:
         return {**self.header(self.chunk_object),
@@ -374,3 +387,8 @@ class ChatRenderer(_Renderer):
                      tops: list[Any] | None) -> dict[str, Any]:
         logprobs = chat_logprobs(entries, tops) if self.plan.logprobs else None
         return {"index": i, "delta": {"content": delta} if delta else {}, "logprobs": logprobs}
+
+
+def _calls_reason(reason: str | None) -> str | None:
+    """A choice with calls: tool_calls when it stopped by itself (a cut one keeps length)."""
+    return "tool_calls" if reason == "stop" else reason

@@ -6,8 +6,15 @@ grammar (a `sampling_params` field) and its `ToolPlan` (pure: no tokenizer, no I
     response_format {"type": "json_schema", "json_schema": {"name", "schema", "strict"}}
                                                     -> json_schema = the schema's JSON text
     tools + tool_choice auto (the default)          -> no constraint; outputs parsed for calls
-    tools + tool_choice required / a named function -> json_schema of `forced_call_schema`
+    tools + tool_choice a named function            -> json_schema of one call of it
+    tools + tool_choice required                    -> json_schema of a JSON array of one or more
+                                                       calls (one call with parallel_tool_calls
+                                                       false)
     tool_choice none                                -> the tools are ignored
+
+`parallel_tool_calls` (default true): false allows at most one call; the forced grammars
+enforce it, and with tool_choice auto the parser keeps the first call (`tool_calls.py`). A
+named tool_choice forces exactly one call of that function either way (as SGLang reads it).
 
 At most one constraint per request: response_format or a forced call together with another
 grammar (regex, json_schema, ebnf extras) is a 400 naming the field. The schema itself is
@@ -50,6 +57,7 @@ class ToolPlan:
 
     functions: list[dict[str, Any]]
     choice: ToolChoice
+    parallel: bool = True  # parallel_tool_calls: several calls allowed
 
     @property
     def names(self) -> list[str]:
@@ -117,6 +125,11 @@ def _tool_plan(req: dict[str, Any], taken: list[str]) -> ToolPlan | None:
     """The callable tools, or None (no tools, or tool_choice none). `taken`: grammar fields
     already given, which a forced call cannot be combined with."""
     tools = req.get("tools")
+    parallel = req.get("parallel_tool_calls")
+    if not isinstance(parallel, (bool, type(None))):
+        raise InvalidRequest(f"parallel_tool_calls must be a boolean, got {describe(parallel)}",
+                             param="parallel_tool_calls")
+    parallel = parallel is not False
     functions = check_tools(tools) if tools is not None else []
     choice = check_tool_choice(req.get("tool_choice"), [f["name"] for f in functions])
     if choice.mode == "none" or not functions:
@@ -124,7 +137,7 @@ def _tool_plan(req: dict[str, Any], taken: list[str]) -> ToolPlan | None:
     if choice.forced and taken:
         raise InvalidRequest(f"a forced tool call (tool_choice {choice.mode}) cannot be combined "
                              f"with {taken[0]}: give one constraint", param="tool_choice")
-    return ToolPlan(functions, choice)
+    return ToolPlan(functions, choice, parallel)
 
 
 def check_tools(tools: Any) -> list[dict[str, Any]]:
@@ -199,7 +212,9 @@ def check_tool_choice(choice: Any, names: Collection[str]) -> ToolChoice:
 
 
 def forced_call_schema(plan: ToolPlan) -> dict[str, Any] | None:
-    """The JSON schema admitting exactly one valid call, or None when no call is forced.
+    """The JSON schema of what a forced call's output may be, or None when no call is forced:
+    one call object, or for tool_choice required with parallel calls a JSON array of one or
+    more call objects.
 
     NOTE: `$defs` / `definitions` of the parameter schemas move to the root, where their
     `#/$defs/...` references resolve once the parameters are nested under `arguments`.
@@ -210,7 +225,9 @@ def forced_call_schema(plan: ToolPlan) -> dict[str, Any] | None:
               if plan.choice.mode == "required" or f["name"] == plan.choice.name]
     defs: dict[str, dict[str, Any]] = {}
     options = [_call_schema(f, defs) for f in chosen]
-    schema: dict[str, Any] = dict(options[0]) if len(options) == 1 else {"anyOf": options}
+    call: dict[str, Any] = dict(options[0]) if len(options) == 1 else {"anyOf": options}
+    several = plan.choice.mode == "required" and plan.parallel
+    schema = {"type": "array", "minItems": 1, "items": call} if several else call
     schema.update(defs)
     return schema
 

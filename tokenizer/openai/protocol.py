@@ -50,7 +50,7 @@ SAMPLING_FIELDS = {  # OpenAI / SGLang-extra name -> SamplingParams name
     "skip_special_tokens": "skip_special_tokens", "no_stop_trim": "no_stop_trim",
     "spaces_between_special_tokens": "spaces_between_special_tokens",
 }
-IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls"}
+IGNORED = {"user", "metadata", "store", "service_tier"}
 # SGLang's extensions that sglang-router forwards on every request (its typed request writes them
 # out with their defaults): accepted when they ask for nothing we lack, a 400 naming them when
 # they do. (name -> the values that ask for nothing; None: any boolean, it changes nothing here.)
@@ -65,9 +65,9 @@ COMMON = {"model", "max_tokens", "stream", "stream_options", "logprobs", "rid", 
           *SAMPLING_FIELDS, *GRAMMAR_FIELDS, *IGNORED}
 COMPLETION_FIELDS = COMMON | {"prompt", "echo", "suffix", "best_of"}
 CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "top_logprobs", "response_format",
-                        "tools", "tool_choice", "chat_template_kwargs", "chat_template"}
+                        "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs", "chat_template"}
 # Fields whose own checks walk them (the others meet FIELD_BOUNDS first); IGNORED ones are unread.
-SELF_CHECKED = {"prompt", "messages", "tools", "tool_choice", "response_format",
+SELF_CHECKED = {"prompt", "messages", "tools", "tool_choice", "parallel_tool_calls", "response_format",
                 "chat_template_kwargs", "chat_template", *IGNORED}
 FIELD_BOUNDS = Bounds(max_depth=8)
 COMPLETION_DEFAULT_MAX_TOKENS = 16

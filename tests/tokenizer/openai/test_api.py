@@ -168,3 +168,13 @@ def test_sglang_extensions_that_ask_for_more_are_refused(field: str, value: Any)
     with pytest.raises(InvalidRequest, match="not supported") as info:
         _chat(messages=[{"role": "user", "content": "x"}], **{field: value})
     assert info.value.param == field
+
+
+def test_parallel_tool_calls_is_a_chat_field() -> None:
+    tool = {"type": "function", "function": {"name": "f"}}
+    chat = _chat(messages=[{"role": "user", "content": "x"}], tools=[tool], parallel_tool_calls=False)
+    assert chat.tools is not None and not chat.tools.parallel
+    assert _chat(messages=[{"role": "user", "content": "x"}], parallel_tool_calls=True).tools is None
+    with pytest.raises(InvalidRequest) as info:
+        _completion(prompt="x", parallel_tool_calls=True)
+    assert info.value.param == "parallel_tool_calls"

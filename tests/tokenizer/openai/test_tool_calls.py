@@ -1,10 +1,12 @@
 """Pure unit tests of tool calls and chat constraints: validation of tools / tool_choice /
-response_format, forced-call schemas, prompts and history rendering, parsing, and the chat
-renderer's tool-call responses and stream deltas (no server, no tokenizer)."""
+response_format, forced-call schemas (and what their grammars admit), prompts and history
+rendering, parsing, streamed call events under every chunking, and the chat renderer's tool-call
+responses and stream deltas (no server, no tokenizer)."""
 
 from __future__ import annotations
 
 import json
+import random
 from typing import Any
 
 import pytest
@@ -22,12 +24,20 @@ from tokenizer.openai.constraints import (
 )
 from tokenizer.openai.protocol import plan_chat
 from tokenizer.openai.tool_calls import (
+    ArgumentsDelta,
+    CallFinished,
+    CallStarted,
+    ContentDelta,
     ToolCallStream,
+    ToolEvent,
+    chat_delta,
+    parse_for_plan,
+    parse_tool_calls,
+)
+from tokenizer.openai.tool_prompts import (
     adapt_to_template,
     messages_as_text,
     messages_for_template,
-    parse_tool_calls,
-    tool_call_deltas,
     with_tool_prompt,
 )
 
@@ -157,13 +167,16 @@ def test_required_call_schema_is_any_of_the_tools_with_defs_hoisted() -> None:
     ref_tool = {"type": "function", "function": {"name": "put", "parameters": {
         "type": "object", "properties": {"item": {"$ref": "#/$defs/Item"}},
         "$defs": {"Item": {"type": "string"}}}}}
-    plan = ToolPlan(check_tools([TIME, ref_tool]), ToolChoice("required"))
-    schema = forced_call_schema(plan)
-    assert schema is not None
-    names = [o["properties"]["name"]["const"] for o in schema["anyOf"]]
-    assert names == ["get_time", "put"]
-    assert schema["$defs"] == {"Item": {"type": "string"}}
-    assert "$defs" not in schema["anyOf"][1]["properties"]["arguments"]
+    for parallel in (False, True):
+        plan = ToolPlan(check_tools([TIME, ref_tool]), ToolChoice("required"), parallel)
+        schema = forced_call_schema(plan)
+        assert schema is not None
+        call = schema["items"] if parallel else schema
+        assert (schema["type"], schema["minItems"]) == ("array", 1) if parallel else "items" not in schema
+        names = [o["properties"]["name"]["const"] for o in call["anyOf"]]
+        assert names == ["get_time", "put"]
+        assert schema["$defs"] == {"Item": {"type": "string"}}
+        assert "$defs" not in call["anyOf"][1]["properties"]["arguments"]
 
 
 def test_forced_plan_puts_the_schema_in_sampling_params() -> None:
@@ -254,8 +267,9 @@ def test_parse_blocks_bare_json_and_plain_text() -> None:
 
 @pytest.mark.parametrize("text", [
     "Hello there", '{"name": "unknown", "arguments": {}}', '{"name": "get_time", "arguments": 3}',
-    '<tool_call>{"name": "get_time", "arguments": {</tool_call>', '{"a": 1}', "",
-    '<tool_call>{"name": "nope", "arguments": {}}</tool_call>',
+    '{"a": 1}', "", "[1, 2]", '{"name": "get_time", "arguments": "not an object"}',
+    '<tool_call>{"name": "nope", "arguments": {}}</tool_call>', "<tool_caller> is no tag",
+    '<|python_tag|>print("hi")', '{"arguments": {}, "name": "get_time"}',
 ])
 def test_unparseable_outputs_stay_content(text: str) -> None:
     parsed = parse_tool_calls(text, NAMES)
@@ -268,6 +282,11 @@ LLAMA3 = ('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}
           '{"name": "get_time", "parameters": {}}')
 QWEN25 = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
           '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
+# What the forced grammars write: one call object, or (required, parallel) an array of calls.
+FORCED_ONE = '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}'
+FORCED_MANY = ('[{"name": "get_weather", "arguments": {"city": "Paris"}}, '
+               '{"name": "get_time", "arguments": {"zone": "CET"}}]')
+PARIS, EMPTY = ("get_weather", '{"city": "Paris"}'), ("get_time", "{}")
 
 
 @pytest.mark.parametrize("parser,text,calls", [
@@ -279,7 +298,7 @@ QWEN25 = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\
     ("hermes", QWEN25, ["get_weather", "get_time"]),
     ("hermes", LLAMA3, []),  # bare JSON is not Hermes' format
     ("auto", QWEN25, ["get_weather", "get_time"]),
-    ("llama3", '{"name": "get_time", "parameters": {}}; then some text', []),
+    ("auto", FORCED_MANY, ["get_weather", "get_time"]),
 ])
 def test_each_parser_reads_its_family(parser: str, text: str, calls: list[str]) -> None:
     parsed = parse_tool_calls(text, NAMES, parser)
@@ -287,50 +306,227 @@ def test_each_parser_reads_its_family(parser: str, text: str, calls: list[str]) 
     assert (parsed.content is None) if calls else (parsed.content == text)
 
 
-@pytest.mark.parametrize("parser", ["llama3", "qwen25", "auto"])
-def test_streams_hold_their_family_and_send_it_at_the_end(parser: str) -> None:
-    text = LLAMA3 if parser != "qwen25" else QWEN25
-    stream = ToolCallStream(NAMES, forced=False, parser=parser)
-    sent = "".join(stream.feed(text[:k], False)[0] for k in range(len(text) + 1))
-    delta, calls = stream.feed(text, True)
-    assert sent + delta == "" and [c.name for c in calls] == ["get_weather", "get_time"]
-    plain = ToolCallStream(NAMES, forced=False, parser="llama3")
-    assert plain.feed("Paris is sunny.", False)[0] == "Paris is sunny."
+# (parser, text, max_calls, content, [(name, arguments)]): representative outputs, each also
+# streamed in every chunking below. Arguments are the raw text the model wrote.
+CASES: list[tuple[str, str, int | None, str | None, list[tuple[str, str]]]] = [
+    ("qwen25", QWEN25, None, None, [PARIS, EMPTY]),
+    ("hermes", QWEN25, 1, None, [PARIS]),  # parallel_tool_calls false: the first call only
+    ("llama3", LLAMA3, None, None, [PARIS, EMPTY]),
+    ("auto", LLAMA3, None, None, [PARIS, EMPTY]),
+    ("auto", FORCED_ONE, None, None, [("get_weather", '{"city": "Paris", "unit": "celsius"}')]),
+    ("auto", FORCED_MANY, None, None, [PARIS, ("get_time", '{"zone": "CET"}')]),
+    ("auto", FORCED_MANY, 1, None, [PARIS]),
+    ("auto", 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+     '</tool_call>\nOne moment.', None, "Let me check.\n\nOne moment.", [PARIS]),
+    ("auto", '<tool_call>{"name": "get_time", "parameters": "{\\"zone\\": \\"UTC\\"}"}</tool_call>',
+     None, None, [("get_time", '{"zone": "UTC"}')]),
+    ("auto", '<tool_call>{"name":"get_weather","arguments":{"city":"a}\\"</tool_call>{[","n":[1,{}]}}'
+     '</tool_call>', None, None, [("get_weather", '{"city":"a}\\"</tool_call>{[","n":[1,{}]}')]),
+    ("auto", '  {"name": "get_weather", "arguments": {"city": "Pa', None, None,
+     [("get_weather", '{"city": "Pa')]),  # cut by max_tokens: the arguments so far
+    ("auto", '<tool_call>{"name": "get_time", "arguments": {</tool_call> then text', None, " then text",
+     [("get_time", "{")]),
+    ("llama3", '{"name": "get_time", "parameters": {}}; then some text', None, "; then some text", [EMPTY]),
+    # marker-like prefixes that turn out to be text
+    ("auto", "<tool_caller> and <|python_tags|>, {json} and [lists]", None,
+     "<tool_caller> and <|python_tags|>, {json} and [lists]", []),
+    ("auto", '{"name": "get_weather_now", "arguments": {}} is not a tool', None,
+     '{"name": "get_weather_now", "arguments": {}} is not a tool', []),
+    ("auto", '<tool_call>{"name": "nope"}</tool_call> <tool_call>{"name": "get_time"}</tool_call>', None,
+     '<tool_call>{"name": "nope"}</tool_call> ', [EMPTY]),
+    ("auto", '<tool_call>{"name": "get_time", "arguments": "[1]"}</tool_call>', None,
+     '<tool_call>{"name": "get_time", "arguments": "[1]"}</tool_call>', []),
+]
 
 
-def test_stream_sends_content_early_and_holds_calls() -> None:
+def _chunkings(n: int) -> list[list[int]]:
+    """Cut points for feeding `n` characters: every prefix, fixed steps, every split in two, and
+    random splits (seeded). Each ends at n."""
+    cuts = [list(range(1, n + 1))] + [list(range(s, n, s)) + [n] for s in (2, 3, 7)]
+    cuts += [[k, n] for k in range(n)]
+    rng = random.Random(n)
+    cuts += [sorted(set(rng.sample(range(1, n), min(n - 1, rng.randint(1, 12))))) + [n] for _ in range(30) if n > 1]
+    return cuts
+
+
+def _stream(parser: str, text: str, max_calls: int | None, cuts: list[int]) -> list[list[ToolEvent]]:
+    stream = ToolCallStream(NAMES, False, parser, max_calls=max_calls)
+    return [stream.events(text[:k], k == len(text)) for k in cuts or [0]]
+
+
+def _joined(feeds: list[list[ToolEvent]]) -> tuple[str, list[tuple[str, str]]]:
+    """Content and calls as a client assembles them, checking the events' order on the way."""
+    content, calls, ids, done = "", [], {}, set()
+    for event in (e for feed in feeds for e in feed):
+        if isinstance(event, ContentDelta):
+            content += event.text
+        elif isinstance(event, CallStarted):
+            assert event.index == len(calls) and event.id.startswith("call_")
+            calls.append([event.name, ""])
+            ids[event.index] = event.id
+        elif isinstance(event, ArgumentsDelta):
+            assert event.index in ids and event.index not in done and event.text
+            calls[event.index][1] += event.text
+        else:
+            assert event.call.id == ids[event.index] and event.index not in done
+            assert (event.call.name, event.call.arguments) == tuple(calls[event.index])
+            done.add(event.index)
+    assert done == set(ids)  # every call finishes by the end of the output
+    return content, [(name, args) for name, args in calls]
+
+
+@pytest.mark.parametrize("parser,text,max_calls,content,calls", CASES)
+def test_streamed_events_join_to_the_parse_in_every_chunking(
+        parser: str, text: str, max_calls: int | None, content: str | None,
+        calls: list[tuple[str, str]]) -> None:
+    parsed = parse_tool_calls(text, NAMES, parser, max_calls=max_calls)
+    assert parsed.content == content and [(c.name, c.arguments) for c in parsed.calls] == calls
+    for cuts in _chunkings(len(text)):
+        assert _joined(_stream(parser, text, max_calls, cuts)) == (content or "", calls), cuts
+
+
+PIECES = ["<tool_call>", "</tool_call>", "{", "}", "[", "]", '"name"', ":", ",", '"get_time"', '"arguments"',
+          '"parameters"', " ", "\n", ";", '"', "\\", "x", "<|python_tag|>", '"{}"', "<", '"a"',
+          '{"name": "get_time", "arguments": ', '"{\\"a\\": 1}"']
+
+
+@pytest.mark.parametrize("parser", ["auto", "hermes", "llama3"])
+def test_random_outputs_stream_as_they_parse(parser: str) -> None:
+    """Seeded random texts made of the formats' pieces: the stream fed every prefix, and in
+    random chunks, joins to the parse; an output without calls is all content."""
+    rng = random.Random(parser)
+    for _ in range(150):
+        text = "".join(rng.choice(PIECES) for _ in range(rng.randint(0, 14)))
+        for max_calls in (None, 1):
+            parsed = parse_tool_calls(text, NAMES, parser, max_calls=max_calls)
+            assert parsed.calls or parsed.content == text
+            want = (parsed.content or "", [(c.name, c.arguments) for c in parsed.calls])
+            n = len(text)
+            random_cuts = sorted(set(rng.sample(range(1, n), min(n - 1, 4)))) + [n] if n > 1 else [n]
+            for cuts in (list(range(1, n + 1)), random_cuts):
+                assert _joined(_stream(parser, text, max_calls, cuts)) == want, (text, cuts)
+
+
+@pytest.mark.parametrize("parser,text", [(p, t) for p, t, _, _, calls in CASES if calls])
+def test_a_call_is_named_before_its_arguments_are_complete(parser: str, text: str) -> None:
+    """Fed token by token (here: character by character), each call's CallStarted comes in an
+    earlier feed than its CallFinished, except calls without arguments or with arguments in a
+    JSON string (sent whole); object arguments arrive in several fragments."""
+    feeds = _stream(parser, text, None, list(range(1, len(text) + 1)))
+    started = {e.index: k for k, feed in enumerate(feeds) for e in feed if isinstance(e, CallStarted)}
+    finished = {e.index: (k, e.call) for k, feed in enumerate(feeds) for e in feed if isinstance(e, CallFinished)}
+    fragments = [e.index for feed in feeds for e in feed if isinstance(e, ArgumentsDelta)]
+    for index, (k, call) in finished.items():
+        whole = len(call.arguments) < 3 or '"parameters": "' in text or '"arguments": "' in text
+        assert started[index] < k or whole, call
+        assert fragments.count(index) > 1 or whole, call
+
+
+@pytest.mark.parametrize("parser", ["auto", "hermes", "llama3"])
+def test_plain_text_is_sent_as_it_comes(parser: str) -> None:
+    """Nothing but a possible marker at the end is held: a partial `<tool_call>` (auto, hermes),
+    and at the start a partial `<|python_tag|>`, `{` or `[` (auto, llama3) until decided."""
+    text = "Paris is sunny, {mostly} [today] <b>bold</b> <tool"
+    stream = ToolCallStream(NAMES, False, parser)
+    sent = ""
+    for k in range(1, len(text) + 1):
+        sent += "".join(e.text for e in stream.events(text[:k], False) if isinstance(e, ContentDelta))
+        held = len(text[:k]) - len(sent)
+        if parser != "llama3" and text[:k].endswith(("<", "<t", "<to", "<too", "<tool")):
+            assert text[:k].endswith(text[len(sent):k]) and held <= 5
+        else:
+            assert held == 0, text[:k]
+    lead = ToolCallStream(NAMES, False, parser)
+    pieces = [lead.events(t, False) for t in ("<|py", "<|python_ta", "<|python_tax")]
+    held_tag = parser != "hermes"
+    assert [bool(p) for p in pieces] == ([False, False, True] if held_tag else [True, True, True])
+    brace = ToolCallStream(NAMES, False, parser)
+    decided = [brace.events(t, False) for t in ("{", '{"', '{"na', '{"nax')]
+    assert [bool(p) for p in decided] == ([False, False, False, True] if held_tag else [True] * 4)
+
+
+def test_blank_content_beside_calls_is_none_and_never_sent() -> None:
+    stream = ToolCallStream(NAMES)
+    events = [stream.events(t, False) for t in ("\n", "\n  ")] + [stream.events("\n  " + QWEN25, True)]
+    assert not any(isinstance(e, ContentDelta) for feed in events for e in feed)
+    whitespace = ToolCallStream(NAMES)
+    assert whitespace.events("  ", False) == [] and whitespace.events("  ", True) == [ContentDelta("  ")]
+
+
+def test_feed_sends_content_now_and_calls_at_the_end() -> None:
     text = 'Sure. <tool_call>{"name": "get_time", "arguments": {}}</tool_call>'
-    stream = ToolCallStream(NAMES, forced=False)
-    sent = [stream.feed(text[:k], False)[0] for k in range(len(text) + 1)]
-    assert "".join(sent) == "Sure. "
+    stream = ToolCallStream(NAMES)
+    sent = [stream.feed(text[:k], False) for k in range(len(text) + 1)]
+    assert "".join(delta for delta, _ in sent) == "Sure. " and not any(calls for _, calls in sent)
     delta, calls = stream.feed(text, True)
-    assert delta == "" and calls[0].name == "get_time"
-    plain = ToolCallStream(NAMES, forced=False)
+    assert delta == "" and [c.name for c in calls] == ["get_time"]
+    plain = ToolCallStream(NAMES)
     pieces = [plain.feed("a <tool", False)[0], plain.feed("a <tooth", False)[0],
               plain.feed("a <tooth!", True)[0]]
-    assert pieces == ["a ", "<tooth", "!"] and plain.feed("a <tooth!", True)[1] == []
-    bare = ToolCallStream(NAMES, forced=False)
-    assert bare.feed("  {", False) == ("", []) and bare.feed('  {"x": 1}', True) == (
-        '  {"x": 1}', [])
-    forced = ToolCallStream(NAMES, forced=True)
-    assert forced.feed("Hello", False) == ("", []) and forced.feed("Hello", True)[0] == "Hello"
+    assert pieces == ["a ", "<tooth", "!"]
 
 
-def test_call_deltas_are_assembled_by_index() -> None:
-    calls = parse_tool_calls('<tool_call>{"name": "get_time", "arguments": {"tz": "UTC"}}'
-                             '</tool_call><tool_call>{"name": "get_time", "arguments": {}}'
-                             '</tool_call>', NAMES).calls
-    deltas = tool_call_deltas(calls)
-    assert len(deltas) == 4 and deltas[0]["tool_calls"][0]["function"]["arguments"] == ""
-    assembled: dict[int, dict[str, str]] = {}
-    for d in deltas:
-        for part in d["tool_calls"]:
-            entry = assembled.setdefault(part["index"], {"id": "", "name": "", "arguments": ""})
-            entry["id"] += part.get("id", "")
-            entry["name"] += part["function"].get("name", "")
-            entry["arguments"] += part["function"]["arguments"]
-    assert assembled[0] == {"id": calls[0].id, "name": "get_time", "arguments": '{"tz": "UTC"}'}
-    assert assembled[1]["arguments"] == "{}"
+def test_plan_streams_use_its_choice_and_parallel_flag() -> None:
+    plan, _ = _chat(tools=[WEATHER, TIME], tool_choice="required", parallel_tool_calls=False)
+    assert plan.tools is not None and not plan.tools.parallel
+    parsed = parse_for_plan(FORCED_MANY, plan.tools, "hermes")  # forced: read as bare JSON
+    assert [c.name for c in parsed.calls] == ["get_weather"]
+    ids = iter(["call_a", "call_b"])
+    stream = ToolCallStream.for_plan(plan.tools, "hermes", new_id=lambda: next(ids))
+    assert [e.id for e in stream.events(FORCED_MANY, True) if isinstance(e, CallStarted)] == ["call_a"]
+
+
+def test_chat_deltas() -> None:
+    assert chat_delta(CallStarted(1, "call_x", "f")) == {"tool_calls": [{
+        "index": 1, "id": "call_x", "type": "function", "function": {"name": "f", "arguments": ""}}]}
+    assert chat_delta(ArgumentsDelta(1, '{"a')) == {"tool_calls": [{"index": 1, "function": {"arguments": '{"a'}}]}
+    assert chat_delta(ContentDelta("x")) is None
+
+
+# ---------------------------------------------------------------- what the forced grammars admit
+
+
+def _accepts(schema: dict[str, Any] | None, text: str) -> bool:
+    xgr = pytest.importorskip("xgrammar")
+    from xgrammar.testing import _is_grammar_accept_string
+
+    return bool(_is_grammar_accept_string(xgr.Grammar.from_json_schema(json.dumps(schema)), text))
+
+
+ONE_CALL = '{"name": "get_time", "arguments": {"zone": "CET"}}'
+TWO_CALLS = f'[{ONE_CALL}, {FORCED_ONE}]'
+WEATHER_STRICT = {"type": "function", "function": {
+    "name": "get_weather", "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "unit": {"type": "string"}}, "required": ["city"]}}}
+TIME_STRICT = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]}}}
+
+
+@pytest.mark.parametrize("choice,parallel,accepted,refused", [
+    ("required", True, [f"[{ONE_CALL}]", TWO_CALLS], ["[]", ONE_CALL, '[{"name": "nope", "arguments": {}}]']),
+    ("required", False, [ONE_CALL, FORCED_ONE], [TWO_CALLS, f"[{ONE_CALL}]", f"{ONE_CALL}; {ONE_CALL}"]),
+    ("get_time", True, [ONE_CALL], [TWO_CALLS, FORCED_ONE, f"[{ONE_CALL}]"]),
+    ("get_time", False, [ONE_CALL], [TWO_CALLS, FORCED_ONE]),
+])
+def test_forced_grammars_admit_one_or_several_calls(choice: str, parallel: bool, accepted: list[str],
+                                                    refused: list[str]) -> None:
+    """required: one or more calls (one with parallel_tool_calls false); a named function:
+    exactly one call of it. What they admit parses back into that many calls."""
+    tool_choice: Any = choice if choice == "required" else {"type": "function", "function": {"name": choice}}
+    plan, _ = _chat(tools=[WEATHER_STRICT, TIME_STRICT], tool_choice=tool_choice, parallel_tool_calls=parallel)
+    schema = json.loads(plan.body["sampling_params"]["json_schema"])
+    for text in accepted:
+        assert _accepts(schema, text), text
+        assert plan.tools is not None and parse_for_plan(text, plan.tools, "auto").calls
+    for text in refused:
+        assert not _accepts(schema, text), text
+
+
+def test_parallel_tool_calls_must_be_a_boolean() -> None:
+    with pytest.raises(InvalidRequest) as info:
+        _chat(tools=[WEATHER], parallel_tool_calls="no")
+    assert info.value.param == "parallel_tool_calls"
+    assert _chat(tools=[WEATHER])[0].tools.parallel  # type: ignore[union-attr]
 
 
 # ---------------------------------------------------------------- chat responses
@@ -358,7 +554,7 @@ def test_chat_stream_with_tool_calls() -> None:
     r = ChatRenderer(plan)
     chunks = r.start()
     text = "Checking.<tool_call>" + CALL_TEXT + "</tool_call>"
-    for k in (5, 12, 30, len(text)):
+    for k in (5, 12, 30, 50, 58, 65, len(text)):
         chunks += r.chunks(_out(text[:k], None if k < len(text) else "stop", index=0))
     chunks += r.chunks(_out("Hi", "stop", index=1))
     by_index: dict[int, list[dict[str, Any]]] = {0: [], 1: []}
@@ -367,9 +563,21 @@ def test_chat_stream_with_tool_calls() -> None:
     zero = by_index[0]
     assert "".join(c["delta"].get("content") or "" for c in zero) == "Checking."
     calls = [c["delta"]["tool_calls"][0] for c in zero if "tool_calls" in c["delta"]]
-    assert calls[0]["function"] == {"name": "get_weather", "arguments": ""} and calls[0]["id"]
-    assert json.loads(calls[1]["function"]["arguments"]) == {"city": "Paris"}
+    assert calls[0] == {"index": 0, "id": calls[0]["id"], "type": "function",
+                        "function": {"name": "get_weather", "arguments": ""}}
+    fragments = [c["function"]["arguments"] for c in calls[1:]]
+    assert len(fragments) == 3 and all("id" not in c and "name" not in c["function"] for c in calls[1:])
+    plain = ChatRenderer(plan).final(_out(text))["choices"][0]["message"]["tool_calls"][0]
+    assert "".join(fragments) == plain["function"]["arguments"] == '{"city": "Paris"}'
     assert [c["finish_reason"] for c in zero if c["finish_reason"]] == ["tool_calls"]
     assert zero[-1]["finish_reason"] == "tool_calls" and zero[-1]["delta"] == {}
     assert [c["finish_reason"] for c in by_index[1] if c["finish_reason"]] == ["stop"]
     assert "".join(c["delta"].get("content") or "" for c in by_index[1]) == "Hi"
+
+
+def test_chat_calls_cut_by_length_keep_the_reason() -> None:
+    plan, _ = _chat(tools=[WEATHER], tool_choice="required")
+    cut = CALL_TEXT[:45]  # inside the arguments: a call, with the arguments so far
+    choice = ChatRenderer(plan).final(_out(cut, "length"))["choices"][0]
+    assert choice["finish_reason"] == "length"
+    assert choice["message"]["tool_calls"][0]["function"]["arguments"] == cut[cut.index("{", 1):]
