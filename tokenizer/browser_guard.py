@@ -41,8 +41,8 @@ from aiohttp import web
 from runtime.contracts.config import ServerConfig
 from tokenizer.errors import Handler, HTTPError, Middleware
 
-ALLOW_METHODS = "GET, POST, PUT, OPTIONS"
-ALLOW_HEADERS = "Content-Type, Authorization"
+ALLOW_METHODS = "GET, POST, PUT, DELETE, OPTIONS"
+ALLOW_HEADERS = "Content-Type, Authorization, x-api-key, anthropic-version"
 PREFLIGHT_MAX_AGE_S = 600
 DEFAULT_PORTS = {"http": "80", "https": "443"}
 ANY_PORT = "*"

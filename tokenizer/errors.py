@@ -120,18 +120,20 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
 
 
 def auth_middleware(api_key: str) -> Middleware:
-    """Deny by default: every path except `/health` needs `Authorization: Bearer <api_key>`,
-    unknown paths included. The key is compared in constant time."""
+    """Deny by default: every path except `/health` needs `Authorization: Bearer <api_key>`
+    (or `x-api-key: <api_key>`, which Anthropic's clients send), unknown paths included. The
+    key is compared in constant time."""
     expected = api_key.encode("utf-8", "surrogateescape")
 
     @web.middleware
     async def check_key(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path not in AUTH_EXEMPT_PATHS:
             scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-            given = token.strip() if scheme.lower() == "bearer" else ""
+            bearer = scheme.lower() == "bearer"
+            given = token.strip() if bearer else request.headers.get("x-api-key", "").strip()
             if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), expected):
                 raise HTTPError(401, "Invalid or missing API key: "
-                                     "send 'Authorization: Bearer <key>'.")
+                                     "send 'Authorization: Bearer <key>' or 'x-api-key: <key>'.")
         return await handler(request)
 
     return check_key

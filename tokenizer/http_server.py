@@ -5,7 +5,9 @@
 Native (SGLang):  POST /generate, GET /health, GET /health_generate, GET /get_model_info,
                   GET /get_server_info, GET /get_load, POST /flush_cache, POST /abort_request, GET /metrics,
                   POST /tokenize, POST /detokenize (also under /v1/)
-OpenAI:           GET /v1/models, POST /v1/completions, POST /v1/chat/completions
+OpenAI:           GET /v1/models, POST /v1/completions, POST /v1/chat/completions,
+                  POST /v1/responses, GET|DELETE /v1/responses/{id}, POST /v1/responses/{id}/cancel
+Anthropic:        POST /v1/messages, POST /v1/messages/count_tokens (errors in Anthropic's shape)
 OpenAPI:          GET /openapi.json (every route's body and answers, this server's bounds)
 
 Every generating route goes through `streaming.run_generation` (validation, SSE, abort on
@@ -27,10 +29,13 @@ from aiohttp import web
 from runtime.contracts.config import ServerConfig
 from runtime.contracts.errors import InvalidRequest
 from tokenizer import browser_guard, native_api, openapi, token_routes
+from tokenizer.anthropic import api as anthropic_api
+from tokenizer.anthropic.errors import error_shape_middleware
 from tokenizer.api_key import resolve_api_key
 from tokenizer.errors import Handler, HTTPError, auth_middleware, error_middleware, error_response
 from tokenizer.metrics import CONTENT_TYPE
 from tokenizer.openai import api as openai_api
+from tokenizer.openai.responses import api as responses_api
 from tokenizer.server_state import Phase, ServerState
 from tokenizer.streaming import json_response, run_generation
 
@@ -41,12 +46,14 @@ def create_app(server: ServerState) -> web.Application:
     """The aiohttp application for one server (its own metrics registry included)."""
     guard = browser_guard.BrowserGuard.from_config(server.config)
     # NOTE: the browser guard runs before auth and readiness, and before any body is read.
-    middlewares: list[Any] = [_count_middleware(server), error_middleware, browser_guard.guard_middleware(guard)]
+    middlewares: list[Any] = [_count_middleware(server), error_shape_middleware(), error_middleware,
+                              browser_guard.guard_middleware(guard)]
     if server.config.api_key:
         middlewares.append(auth_middleware(server.config.api_key))
     middlewares.append(_readiness_middleware(server))
     app = web.Application(client_max_size=server.config.max_request_bytes, middlewares=middlewares)
     app[SERVER] = server
+    responses_api.attach_store(app, server.config)
     app.on_response_prepare.append(browser_guard.cors_hook(guard))
     app.add_routes([
         web.post("/generate", generate), web.put("/generate", generate),
@@ -60,6 +67,10 @@ def create_app(server: ServerState) -> web.Application:
         web.post("/abort_request", abort_request), web.get("/metrics", metrics),
         web.get("/v1/models", list_models), web.post("/v1/completions", completions),
         web.post("/v1/chat/completions", chat_completions),
+        web.post("/v1/responses", create_response), web.get("/v1/responses/{response_id}", get_response),
+        web.delete("/v1/responses/{response_id}", delete_response),
+        web.post("/v1/responses/{response_id}/cancel", cancel_response),
+        web.post("/v1/messages", messages), web.post("/v1/messages/count_tokens", count_tokens),
         web.get("/openapi.json", openapi_document),
     ])
     return app
@@ -213,6 +224,34 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     plan = await openai_api.plan_chat_request(tm, server.config, body, server.model_name)
     renderer = openai_api.ChatRenderer(plan, server.config.reasoning_parser, server.config.tool_call_parser)
     return await run_generation(request, server, plan.body, renderer)
+
+
+# ---------------------------------------------------------------- Anthropic
+
+
+async def messages(request: web.Request) -> web.StreamResponse:
+    return await anthropic_api.create_message(request, request.app[SERVER], await _json_body(request))
+
+
+async def count_tokens(request: web.Request) -> web.StreamResponse:
+    return json_response(await anthropic_api.count_tokens(request.app[SERVER], await _json_body(request)))
+
+
+async def create_response(request: web.Request) -> web.StreamResponse:
+    server = request.app[SERVER]
+    return await responses_api.create(request, server, await _json_body(request))
+
+
+async def get_response(request: web.Request) -> web.StreamResponse:
+    return json_response(responses_api.retrieve(request))
+
+
+async def delete_response(request: web.Request) -> web.StreamResponse:
+    return json_response(responses_api.delete(request))
+
+
+async def cancel_response(request: web.Request) -> web.StreamResponse:
+    return json_response(await responses_api.cancel(request, request.app[SERVER]))
 
 
 async def openapi_document(request: web.Request) -> web.StreamResponse:

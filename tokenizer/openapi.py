@@ -5,7 +5,8 @@ one too): every route, its request body and its answers, for clients, gateways a
 
 It is built per server (its limits are the schemas' bounds) from the validators' own tables
 (`openapi_bodies.py`); `ROUTES` lists what `http_server.create_app` serves, and a test holds the
-two to each other. Errors are `#/components/schemas/Error` (`tokenizer.errors`), with the
+two to each other. Errors are `#/components/schemas/Error` (`tokenizer.errors`; Anthropic's
+`AnthropicError` on the Messages API, `tokenizer/anthropic/errors.py`), with the
 statuses a route can answer: 403 (browser guard) and 503 (starting, draining, overloaded, dead)
 everywhere, 400/413/415 where a JSON body is read, 504 where the runtime is asked.
 With an API key the document says so (bearer; /health exempt) and needs the key itself, like
@@ -18,8 +19,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tokenizer.anthropic.schema import request_schemas as anthropic_requests
+from tokenizer.anthropic.schema import response_schemas as anthropic_answers
 from tokenizer.errors import AUTH_EXEMPT_PATHS
 from tokenizer.native_api import VERSION
+from tokenizer.openai.responses.schema import request_schemas as responses_requests
+from tokenizer.openai.responses.schema import response_schemas as responses_answers
 from tokenizer.openapi_bodies import (
     BOOL,
     Schema,
@@ -46,6 +51,7 @@ STR: Schema = {"type": "string"}
 ERROR_TEXTS = {
     400: "invalid request: `param` names the field", 401: "missing or wrong API key",
     403: "refused by the browser guard (a foreign Origin, Host or cross-site fetch)",
+    404: "no such response for this API key (and cache salt)",
     413: "body over --max-request-bytes", 415: "the body is not JSON",
     503: "starting, draining, overloaded or dead (with Retry-After)",
     504: "the runtime did not answer in time",
@@ -122,8 +128,8 @@ SSE = {"text/event-stream": {"schema": _answer({"data": {
 TEXT = {"text/plain": {"schema": STR}}
 
 
-def _error(status: int) -> Schema:
-    out: Schema = {"description": ERROR_TEXTS[status], "content": _json(ref("Error"))}
+def _error(status: int, schema: str = "Error") -> Schema:
+    out: Schema = {"description": ERROR_TEXTS[status], "content": _json(ref(schema))}
     if status == 503:
         out["headers"] = {"Retry-After": {"schema": INT, "description": "seconds"}}
     return out
@@ -147,6 +153,7 @@ class Route:
     body: str | None
     ok: dict[str, Any]
     errors: tuple[int, ...] = ()
+    error_schema: str = "Error"  # the Messages API answers Anthropic's error shape
 
 
 def _routes() -> list[Route]:
@@ -188,7 +195,27 @@ def _routes() -> list[Route]:
               {**_json(ref("Completion")), **SSE}, GENERATION_ERRORS),
         Route("post", "/v1/chat/completions", "chat_completions", "OpenAI chat completions",
               "ChatCompletionRequest", {**_json(ref("ChatCompletion")), **SSE}, GENERATION_ERRORS),
+        Route("post", "/v1/messages", "messages", "Anthropic's Messages API", "MessagesRequest",
+              {**_json(ref("AnthropicMessage")), **SSE}, GENERATION_ERRORS, "AnthropicError"),
+        Route("post", "/v1/messages/count_tokens", "count_tokens", "Anthropic's token count of a "
+              "Messages API prompt", "CountTokensRequest", _json(ref("MessageTokensCount")),
+              BODY_ERRORS, "AnthropicError"),
+        *_responses_routes(),
         Route("get", "/openapi.json", "openapi", "This document", None, _json({"type": "object"})),
+    ]
+
+
+def _responses_routes() -> list[Route]:
+    """OpenAI's Responses API (tokenizer/openai/responses/)."""
+    one, path = _json(ref("Response")), "/v1/responses/{response_id}"
+    return [
+        Route("post", "/v1/responses", "create_response", "OpenAI Responses: create (stream: typed events)",
+              "ResponseRequest", {**one, **SSE}, GENERATION_ERRORS + (404,)),
+        Route("get", path, "get_response", "A stored or running response", None, one, (400, 404)),
+        Route("delete", path, "delete_response", "Forget a stored response", None,
+              _json(ref("ResponseDeleted")), (400, 404)),
+        Route("post", path + "/cancel", "cancel_response", "Cancel a running response", None, one,
+              (400, 404) + RUNTIME_ERRORS),
     ]
 
 
@@ -202,9 +229,13 @@ def _operation(route: Route, lim: SchemaLimits) -> Schema:
     auth = (401,) if lim.api_key and route.path not in AUTH_EXEMPT_PATHS else ()
     statuses = sorted(set(route.errors + auth + (403, 503)))
     op: Schema = {"operationId": route.op_id, "summary": route.summary,
-                  "responses": {"200": ok, **{str(s): _error(s) for s in statuses}}}
+                  "responses": {"200": ok, **{str(s): _error(s, route.error_schema) for s in statuses}}}
     if route.body is not None:
         op["requestBody"] = {"required": True, "content": _json(ref(route.body))}
+    if "{response_id}" in route.path:  # a salted response's owner gives its salt (400: an empty one)
+        op["parameters"] = [{"name": "response_id", "in": "path", "required": True, "schema": STR},
+                            *({"name": salt, "in": "query", "schema": {**STR, "minLength": 1}}
+                              for salt in ("cache_salt", "extra_key"))]
     if lim.api_key and route.path in AUTH_EXEMPT_PATHS:
         op["security"] = []
     return op
@@ -219,7 +250,8 @@ def document(lim: SchemaLimits) -> Schema:
                "GenerateRequest": generate_request(lim),
                "CompletionRequest": completion_request(lim),
                "ChatCompletionRequest": chat_request(lim), "ChatMessage": chat_message(),
-               "AbortRequest": abort_request(), **token_requests(lim), **response_schemas()}
+               "AbortRequest": abort_request(), **token_requests(lim), **response_schemas(),
+               **anthropic_requests(lim), **anthropic_answers(), **responses_requests(lim), **responses_answers()}
     doc: Schema = {
         "openapi": "3.1.0",
         "info": {"title": "radixserve", "version": VERSION,

@@ -151,6 +151,13 @@ class ServerConfig:
         "reports, fails every request and exits non-zero; 0 turns the watchdog off")
     drain_timeout: float = _opt(
         30.0, "seconds in-flight requests get to finish after SIGTERM/SIGINT before they are aborted")
+    # /v1/responses keeps stored responses (store: true) in memory, least recently used out first.
+    responses_store_max_count: int = _opt(
+        1024, "most responses /v1/responses keeps for previous_response_id and GET (LRU beyond it); 0 stores none")
+    responses_store_max_bytes: int = _opt(
+        64 * 1024 * 1024, "most bytes (their JSON) the stored /v1/responses responses and histories may hold (LRU)")
+    responses_store_ttl: float = _opt(
+        3600.0, "seconds a stored /v1/responses response lives after its last use")
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -180,6 +187,11 @@ class ServerConfig:
             raise InvalidRequest("watchdog_timeout must be >= 0 seconds", param="watchdog_timeout")
         if not self.drain_timeout >= 0:
             raise InvalidRequest("drain_timeout must be >= 0 seconds", param="drain_timeout")
+        for name in ("responses_store_max_count", "responses_store_max_bytes"):
+            if getattr(self, name) < 0:
+                raise InvalidRequest(f"{name} must be >= 0", param=name)
+        if not self.responses_store_ttl > 0:
+            raise InvalidRequest("responses_store_ttl must be > 0 seconds", param="responses_store_ttl")
         if self.cuda_graph_max_bs is not None and self.cuda_graph_max_bs < 1:
             raise InvalidRequest("cuda_graph_max_bs must be >= 1", param="cuda_graph_max_bs")
         bad = [o for o in self.allowed_origins if not (isinstance(o, str) and _ORIGIN_ENTRY.fullmatch(o))]

@@ -151,8 +151,10 @@ def test_preflight_is_204_for_allowed_origins_and_403_for_others() -> None:
     (allowed, refused), reached = _requests(config, calls)
     assert allowed.status == 204, allowed.text
     assert allowed.headers["Access-Control-Allow-Origin"] == LOCAL
-    assert set(allowed.headers["Access-Control-Allow-Methods"].split(", ")) == {"GET", "POST", "PUT", "OPTIONS"}
+    methods = {"GET", "POST", "PUT", "DELETE", "OPTIONS"}  # DELETE: /v1/responses/{id}
+    assert set(allowed.headers["Access-Control-Allow-Methods"].split(", ")) == methods
     assert "Authorization" in allowed.headers["Access-Control-Allow-Headers"]
+    assert "x-api-key" in allowed.headers["Access-Control-Allow-Headers"]  # Anthropic's clients
     assert "Content-Type" in allowed.headers["Access-Control-Allow-Headers"]
     assert refused.status == 403 and EVIL in refused.error()["message"]
     assert reached == []

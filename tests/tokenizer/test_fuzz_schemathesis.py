@@ -56,7 +56,7 @@ DEADLINE_S = 0.3  # the server's --request-timeout
 SERVER_ARGS = ("--context-length", "160", "--max-n", "2", "--max-prompts-per-request", "4",
                "--max-top-logprobs", "5", "--request-timeout", str(DEADLINE_S))
 # Shares of the examples for operations with a body (one example covers an operation without).
-WEIGHTS = {"POST /generate": 3, "POST /v1/completions": 3, "POST /v1/chat/completions": 3}
+WEIGHTS = {"POST /generate": 3, "POST /v1/completions": 3, "POST /v1/chat/completions": 3, "POST /v1/responses": 3}
 REQUEST_TIMEOUT_S = 60
 
 
@@ -125,8 +125,8 @@ class Tally:
     def record(self, label: str, mode: GenerationMode, response: requests.Response) -> None:
         self.statuses[label][response.status_code] += 1
         if mode is GenerationMode.POSITIVE and response.status_code == 400:
-            error = response.json()["error"]
-            self.refused[f"{label} {error['param']}: {error['message'][:60]}"] += 1
+            error = response.json()["error"]  # Anthropic's shape (/v1/messages) has no param
+            self.refused[f"{label} {error.get('param')}: {error['message'][:60]}"] += 1
 
     def report(self, elapsed: float) -> str:
         sent = sum(sum(c.values()) for c in self.statuses.values())

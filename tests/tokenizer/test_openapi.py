@@ -78,7 +78,8 @@ def test_every_answer_names_its_statuses_and_errors_are_the_error_object() -> No
                 assert {"400", "413", "415"} <= statuses, (method, path)
             for status in statuses - {"200"}:
                 content = op["responses"][status]["content"]["application/json"]
-                assert content["schema"] == {"$ref": "#/components/schemas/Error"}
+                shape = "AnthropicError" if path.startswith("/v1/messages") else "Error"
+                assert content["schema"] == {"$ref": f"#/components/schemas/{shape}"}
     validator = jsonschema_rs.validator_for(SCHEMAS["Error"])
     for status, param in ((400, "temperature"), (503, None)):
         assert validator.is_valid(error_body(status, "message", param))
