@@ -129,7 +129,7 @@ async def responses_turn(session: aiohttp.ClientSession, url: str, model: str, a
                 if turn.ttft is None:
                     turn.ttft = time.perf_counter() - turn.start
                 turn.text += event.get("delta", "")
-            elif kind == "response.completed":
+            elif kind in ("response.completed", "response.incomplete"):  # incomplete: max_output_tokens
                 response = event["response"]
                 agent.previous_id = response["id"]
                 usage = response.get("usage") or {}

@@ -30,3 +30,12 @@ def test_chat_turns_report_the_history_served_from_the_cache(shared_server: Runn
     # The second turn resends the first turn's history: most of its prompt is a cache hit.
     assert second["cached_share"] > 0.5, report
     assert first["ttft_p50_s"] > 0 and second["output_tok_s"] > 0
+
+
+def test_responses_turns_send_only_new_items_and_hit_the_cache(shared_server: RunningServer, tmp_path) -> None:
+    report = _bench(shared_server, str(tmp_path / "agents.jsonl"), "--mode", "responses")
+    first, second = report["per_turn"]
+    assert report["failed"] == 0 and second["requests"] == 2
+    # The server rebuilt the history from previous_response_id; its prompt still holds turn 1.
+    assert second["prompt_tokens_mean"] > first["prompt_tokens_mean"]
+    assert second["cached_share"] > 0.5, report
