@@ -85,14 +85,11 @@ def speculative_entry(req: Req, drafts: list[int]) -> ForwardEntry:
 
 
 def _constrain(req: Req, entry: ForwardEntry) -> None:
-    """Give a constrained request's entry the token bitmask of its grammar's current state."""
-    if req.grammar is None:
-        return
-    from scheduler.grammar import allocate_bitmask
-
-    mask = allocate_bitmask(1, req.grammar.vocab_size)
-    if req.grammar.fill_mask(mask, 0):
-        entry.token_bitmask = mask[0]
+    """Give a constrained request's entry the token bitmask of its grammar's current state
+    (none before the grammar starts: see `Req.active_grammar`)."""
+    grammar = req.active_grammar
+    if grammar is not None:
+        entry.token_bitmask = grammar.next_mask()
 
 
 def _plan_input_logprobs(req: Req, entry: ForwardEntry, a: int, b: int) -> None:

@@ -5,8 +5,8 @@ cache, and one matcher per constrained request.
     future = backend.submit(spec)                # at arrival; the request waits while not done
     state = backend.new_state(future.result())   # raises InvalidRequest for a bad grammar, and
                                                  # CompileTimeout past COMPILE_TIMEOUT_S
-    per step: state.fill_mask(bitmask, row) for each constrained row, then the model runner
-              applies the mask (kernels/grammar_mask.py) and samples;
+    per step: state.next_mask() for each constrained row (its entry's bitmask), then the model
+              runner applies the masks (kernels/grammar_mask.py) and samples;
               after sampling: state.accept(token); finished when state.is_terminated()
 
 Compilation runs in a killable helper process (scheduler/grammar_compile.py): one compile at a
@@ -68,6 +68,12 @@ class GrammarState:
             False when the row came out all-allowed, so applying it may be skipped.
         """
         return bool(self.matcher.fill_next_token_bitmask(bitmask, row))
+
+    def next_mask(self) -> torch.Tensor | None:
+        """The allowed next tokens as one bitmask row (CPU, int32), or None when all are allowed
+        (then no mask need be applied)."""
+        mask = allocate_bitmask(1, self.vocab_size)
+        return mask[0] if self.fill_mask(mask, 0) else None
 
     def is_terminated(self) -> bool:
         """The grammar is complete and a stop token was accepted."""

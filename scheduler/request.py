@@ -71,9 +71,12 @@ class Req:
 
     # Decoding helpers, made on demand.
     ngram: NgramIndex | None = None  # its n-gram index, with speculative decoding
-    # Constrained decoding: the compile in flight (while in the grammar queue), then the matcher.
+    # Constrained decoding: the compile in flight (while in the grammar queue), then the matcher,
+    # which constrains output[grammar_from:]. With sampling.grammar_after_ids, grammar_from is
+    # None until the output ends with those ids (the reasoning's end), then the position after.
     grammar_future: Future[CompiledGrammar] | None = None
     grammar: GrammarState | None = None
+    grammar_from: int | None = 0
 
     # Output bookkeeping: what has been sent to the detokenizer.
     sent_ids: int = 0
@@ -100,6 +103,7 @@ class Req:
             stop_ids=stop_ids,
             deadline=msg.deadline,
             priority=msg.priority,
+            grammar_from=None if sp.grammar_after_ids else 0,
         )
 
     @property
@@ -118,6 +122,19 @@ class Req:
     @property
     def remaining_new_tokens(self) -> int:
         return max(self.sampling.max_new_tokens - len(self.output), 0)
+
+    @property
+    def active_grammar(self) -> GrammarState | None:
+        """The matcher that constrains the next token: None without a grammar, and while the
+        output has not reached `sampling.grammar_after_ids` (the reasoning is unconstrained)."""
+        return self.grammar if self.grammar_from is not None else None
+
+    def watch_grammar_start(self) -> None:
+        """After appending an output token: start the grammar once the output ends with
+        `sampling.grammar_after_ids` (the matcher never sees the marker or what precedes it)."""
+        marker = self.sampling.grammar_after_ids
+        if self.grammar_from is None and marker and self.output[-len(marker):] == marker:
+            self.grammar_from = len(self.output)
 
     def max_prefix_len(self) -> int:
         """The longest prefix a cache hit may cover: at least one token must be computed, and

@@ -77,15 +77,18 @@ class ResultProcessor:
         self, req: Req, token: int, result: StepResult, i: int, logprobs: list[float] | None
     ) -> None:
         req.output.append(token)
-        if req.grammar is not None and not req.grammar.accept(token):
+        grammar = req.active_grammar
+        if grammar is not None and not grammar.accept(token):
             req.abort(f"the grammar rejected token {token}")
+        elif grammar is None and req.grammar is not None:
+            req.watch_grammar_start()
         if req.return_logprob and logprobs is not None:
             req.output_logprobs.append(logprobs[i])
             if req.top_logprobs_num and result.top_logprobs is not None:
                 ids, vals = result.top_logprobs[i]
                 req.output_top_logprobs.append([list(ids), list(vals)])
         check_finished(req, self.decode)
-        if not req.finished and req.grammar is not None and req.grammar.is_terminated():
+        if not req.finished and grammar is not None and grammar.is_terminated():
             req.matched_stop_token = token in req.stop_ids
             req.finish({"type": "stop", "matched": token})
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from runtime.contracts.sampling import (
+    MAX_GRAMMAR_AFTER_IDS,
     MAX_LOGIT_BIAS,
     MAX_LOGIT_BIAS_ENTRIES,
     MAX_STOP_STR_CHARS,
@@ -155,6 +156,9 @@ def _sampling_bounds(lim: SchemaLimits) -> dict[str, Schema]:
         "stop": {"anyOf": [string(1, MAX_STOP_STR_CHARS),
                            array(string(1, MAX_STOP_STR_CHARS), 0, MAX_STOP_STRS)]},
         "stop_token_ids": array(token_id, 0, MAX_STOP_TOKEN_IDS),
+        "grammar_after_ids": {**array(token_id, 0, MAX_GRAMMAR_AFTER_IDS),
+                              "description": "the grammar constrains only what follows these ids in the output "
+                                             "(the reasoning's end): 1 or more, with a grammar"},
         "logit_bias": {"type": "object", "maxProperties": MAX_LOGIT_BIAS_ENTRIES,
                        "propertyNames": {"pattern": "^[0-9]+$"},
                        "additionalProperties": {"type": "number", "minimum": -MAX_LOGIT_BIAS,

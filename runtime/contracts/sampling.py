@@ -13,6 +13,9 @@ Choices where SGLang is silent or differs:
   - `json_schema` may be given as an object; it is stored as its JSON text, as SGLang expects.
   - `seed` is None by default (unseeded rows draw from the server's generator); `sampling_seed` is
     accepted as an alias and stored as `seed`.
+  - `grammar_after_ids` (ours; the chat routes set it under --reasoning-parser): the grammar
+    (json_schema, regex or ebnf, which it requires) constrains only what follows the first place
+    the output ends with these ids, the reasoning's end marker; the tokens before are free.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from runtime.contracts.json_text import client_json
 MAX_STOP_STRS = 16
 MAX_STOP_STR_CHARS = 512  # each stop string is matched against the output's tail every step
 MAX_STOP_TOKEN_IDS = 256
+MAX_GRAMMAR_AFTER_IDS = 16
 MAX_LOGIT_BIAS_ENTRIES = 1024  # OpenAI accepts up to 300; every entry costs work every step
 MAX_LOGIT_BIAS = 100.0
 GREEDY_EPS = 1e-6
@@ -72,6 +76,7 @@ class SamplingParams:
     logit_bias: dict[int, float] | dict[str, float] | None = None
     seed: int | None = None
     stream_interval: int | None = None
+    grammar_after_ids: list[int] | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SamplingParams:
@@ -108,6 +113,8 @@ class SamplingParams:
             out["stop"] = list(self.stop)
         if self.stop_token_ids is not None:
             out["stop_token_ids"] = list(self.stop_token_ids)
+        if self.grammar_after_ids is not None:
+            out["grammar_after_ids"] = list(self.grammar_after_ids)
         if self.logit_bias is not None:
             out["logit_bias"] = {str(k): float(v) for k, v in self.logit_bias.items()}
         return out
@@ -171,9 +178,10 @@ class SamplingParams:
         if (stop is not None and not isinstance(stop, str)
                 and (not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop))):
             raise InvalidRequest("stop must be a string or a list of strings", param="stop")
-        ids = self.stop_token_ids
-        if ids is not None and (not isinstance(ids, (list, tuple)) or not all(_is_int(t) for t in ids)):
-            raise _bad("stop_token_ids", "stop_token_ids must be a list of integers")
+        for name in ("stop_token_ids", "grammar_after_ids"):
+            ids = getattr(self, name)
+            if ids is not None and (not isinstance(ids, (list, tuple)) or not all(_is_int(t) for t in ids)):
+                raise _bad(name, f"{name} must be a list of integers")
         self.logit_bias_ids()
 
     def validate(self, vocab_size: int | None = None) -> None:
@@ -199,6 +207,7 @@ class SamplingParams:
             raise InvalidRequest(
                 f"at most one of json_schema, regex, ebnf may be given, got {given}", param=given[1]
             )
+        self._validate_grammar_after(vocab_size, bool(given))
 
     def _range_checks(self) -> list[tuple[str, bool, str]]:
         def finite(x: float) -> bool:
@@ -232,6 +241,19 @@ class SamplingParams:
             raise _bad("stop_token_ids", f"at most {MAX_STOP_TOKEN_IDS} stop_token_ids are allowed")
         for tid in self.stop_token_ids or []:
             _check_token_id(tid, vocab_size, "stop_token_ids")
+
+
+    def _validate_grammar_after(self, vocab_size: int | None, has_grammar: bool) -> None:
+        ids = self.grammar_after_ids
+        if ids is None:
+            return
+        if not has_grammar:
+            raise _bad("grammar_after_ids", "grammar_after_ids needs a grammar (json_schema, regex or ebnf)")
+        if not 1 <= len(ids) <= MAX_GRAMMAR_AFTER_IDS:
+            raise _bad("grammar_after_ids", f"grammar_after_ids must hold 1 to {MAX_GRAMMAR_AFTER_IDS} token ids, "
+                                            f"got {len(ids)}")
+        for tid in ids:
+            _check_token_id(tid, vocab_size, "grammar_after_ids")
 
 
 def _bad(param: str, message: str) -> InvalidRequest:

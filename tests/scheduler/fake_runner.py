@@ -41,6 +41,11 @@ def periodic_model(period: int) -> Model:
     return model
 
 
+def masked_pick(token: int, allowed: Any) -> int:
+    """The "model's" token if the mask allows it, else the smallest allowed one."""
+    return token if token in allowed else min(allowed)
+
+
 def reference(prompt: list[int], n: int, model: Model = hash_model) -> list[int]:
     """What greedy decoding of `n` tokens must produce, computed without any scheduling."""
     seq = list(prompt)
@@ -122,6 +127,8 @@ class FakeRunner:
             kept = self._verify(seq, e.prefix_len, drafts)
             accepted.append(kept)
             token = self.model(seq[: e.prefix_len + 1 + len(kept)] if drafts else seq)
+            if e.token_bitmask is not None:  # a fake grammar's mask: the set of allowed ids
+                token = masked_pick(token, e.token_bitmask)
             self.future[e.row] = token
             next_ids.append(token)
         want_lp = any(e.return_logprob for e in entries)

@@ -115,6 +115,21 @@ def test_grammar_native_ebnf(server: RunningServer) -> None:
     assert re.fullmatch(r"(yes|no)!", out["text"]), out["text"]
 
 
+def test_grammar_after_ids_frees_the_output_until_the_marker(server: RunningServer) -> None:
+    """`grammar_after_ids`, which the chat routes send for a thinking model under a reasoning
+    parser (its </think>): the output is the free greedy text until it ends with those ids (here
+    two tokens of that text, so the marker spans two steps), then the grammar holds."""
+    prompt, free = "The capital of France is", {"temperature": 0, "max_new_tokens": 8}
+    ids = _generate(server, prompt, free)["output_ids"]
+    k = next(i for i in range(1, len(ids)) if ids[i] not in ids[:i])  # ids[k-1:k+1] occurs first here
+    prefix = _generate(server, prompt, {**free, "max_new_tokens": k + 1})["text"]
+    out = _generate(server, prompt, {**free, "max_new_tokens": 20, "regex": r"\d{3}",
+                                     "grammar_after_ids": ids[k - 1:k + 1]})
+    assert out["output_ids"][:k + 1] == ids[:k + 1]
+    assert re.fullmatch(re.escape(prefix) + r"\d{3}", out["text"]), out["text"]
+    assert out["meta_info"]["finish_reason"]["type"] == "stop"
+
+
 def test_grammar_mixed_batch(server: RunningServer) -> None:
     free = {"temperature": 0, "max_new_tokens": 12}
     alone = _generate(server, "The capital of France is", free)["text"]

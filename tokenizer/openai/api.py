@@ -12,11 +12,13 @@ fragments as they are generated, and holds back only content that may still beco
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from runtime.contracts.errors import InvalidRequest
 from tokenizer.chat_template import render_chat
 from tokenizer.limits import check_prompt_count, check_prompt_ids
+from tokenizer.openai.constraints import GRAMMAR_FIELDS
 from tokenizer.openai.protocol import (
     ChatPrompt,
     OpenAIPlan,
@@ -26,7 +28,7 @@ from tokenizer.openai.protocol import (
     translate,
 )
 from tokenizer.openai.reasoning import PARSERS as REASONING_PARSERS
-from tokenizer.openai.reasoning import ReasoningStream, split_reasoning
+from tokenizer.openai.reasoning import ReasoningFormat, ReasoningStream, opens_in_reasoning, split_reasoning
 from tokenizer.openai.tool_calls import (
     ContentDelta,
     ToolCallStream,
@@ -51,10 +53,25 @@ def token_budget(tm: TokenizerManager) -> int:
 
 async def plan_chat_request(tm: TokenizerManager, config: ServerConfig, req: Any,
                             model: str) -> OpenAIPlan:
-    """/v1/chat/completions -> plan: checked, then rendered and tokenized off the event loop."""
+    """/v1/chat/completions -> plan: checked, then rendered and tokenized off the event loop.
+    Under --reasoning-parser, a grammar waits for the reasoning's end (`grammar_after`)."""
     chat = check_chat(req, config.max_top_logprobs, config.trust_request_chat_template)
-    ids = await chat_prompt_ids(tm, chat.prompt)
-    return finish_chat(chat, model, token_budget(tm), ids)
+    prompt = await render_prompt(tm, chat.prompt)
+    plan = finish_chat(chat, model, token_budget(tm), prompt.ids)
+    fmt = REASONING_PARSERS.get(config.reasoning_parser) if plan.separate_reasoning else None
+    sampling = plan.body["sampling_params"]
+    if fmt is not None and grammar_after(fmt, sampling, prompt):
+        marker = await tm.encoder.encode_texts([fmt.end], add_special_tokens=False)
+        sampling["grammar_after_ids"] = list(marker[0])
+    return plan
+
+
+def grammar_after(fmt: ReasoningFormat, sampling: dict[str, Any], prompt: RenderedPrompt) -> bool:
+    """Should the request's grammar start after the reasoning's end? Only when it has one and
+    its output begins inside the reasoning block (`reasoning.opens_in_reasoning`)."""
+    if all(sampling.get(g) is None for g in GRAMMAR_FIELDS):
+        return False
+    return opens_in_reasoning(fmt, prompt.text, prompt.template)
 
 
 async def plan_completion_request(tm: TokenizerManager, config: ServerConfig, req: Any,
@@ -81,8 +98,22 @@ def _check_echo_ids(tm: TokenizerManager, config: ServerConfig, prompts: list[li
         check_prompt_ids("prompt", ids, tm.vocab_size, tm.context_length)
 
 
+@dataclass(frozen=True, slots=True)
+class RenderedPrompt:
+    """A chat prompt as the template rendered it, its token ids and the template's source."""
+
+    text: str
+    ids: list[int]
+    template: str
+
+
 async def chat_prompt_ids(tm: TokenizerManager, prompt: ChatPrompt) -> list[int]:
     """The chat template's prompt, tokenized without adding special tokens (it has them)."""
+    return (await render_prompt(tm, prompt)).ids
+
+
+async def render_prompt(tm: TokenizerManager, prompt: ChatPrompt) -> RenderedPrompt:
+    """The chat template's prompt, and its ids (tokenized without adding special tokens)."""
     template = prompt.template
     source = template.source if template is not None else template_source(tm)
     kwargs = {**prompt.variables, "tools": prompt.tools} if prompt.tools else dict(prompt.variables)
@@ -90,7 +121,7 @@ async def chat_prompt_ids(tm: TokenizerManager, prompt: ChatPrompt) -> list[int]
     tools = kwargs.pop("tools", None)
     text = await render_chat(tm, messages, tools, kwargs, template)
     ids = await tm.encoder.encode_texts([text], add_special_tokens=False)
-    return list(ids[0])
+    return RenderedPrompt(text, list(ids[0]), source)
 
 
 def template_source(tm: TokenizerManager) -> str:

@@ -13,6 +13,13 @@ trailing whitespace; the content is what follows the closing tag without its lea
 whitespace; an output that ends inside the block is reasoning only (content ""). A request's
 `separate_reasoning: false` turns the split off; `stream_reasoning: false` sends the reasoning
 in one delta once it is complete.
+
+A grammar (response_format, a forced tool call, text.format) applies from the end of the
+reasoning on, as in SGLang and vLLM, when the output begins inside the block
+(`opens_in_reasoning`): the chat routes then send the closing tag's token ids as the sampling
+field `grammar_after_ids`, and the scheduler leaves the output unconstrained until it ends with
+them. Otherwise (no parser, the split turned off, a template that closed the block in the
+prompt, a model whose template knows no reasoning) the grammar applies from the first token.
 """
 
 from __future__ import annotations
@@ -51,6 +58,23 @@ def split_reasoning(text: str, fmt: ReasoningFormat) -> Split:
     if end < 0:
         return Split(text[begin:].strip(), "", True)
     return Split(text[begin:end].strip(), text[end + len(fmt.end):].lstrip(), False)
+
+
+def opens_in_reasoning(fmt: ReasoningFormat, prompt: str, template: str) -> bool:
+    """Does the output of `prompt` (the rendered chat template, whose source is `template`)
+    begin inside a reasoning block? Yes when the prompt ends with the opening tag (the template
+    opened it); no when it ends with the closing tag (Qwen3's enable_thinking=False closes an
+    empty block); otherwise yes for a format whose template opens the block, and for one whose
+    output opens it, only when the template knows the closing tag (a thinking model: a model
+    that never reasons writes no <think>, and its grammar must hold from the first token).
+
+    NOTE: only the prompt's end is read: a message that quotes a tag changes nothing."""
+    tail = prompt.rstrip()
+    if tail.endswith(fmt.start):
+        return True
+    if tail.endswith(fmt.end):
+        return False
+    return fmt.opened_in_prompt or fmt.end in template
 
 
 def _reasoning_start(text: str, fmt: ReasoningFormat) -> int | None:

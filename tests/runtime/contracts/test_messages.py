@@ -36,7 +36,7 @@ def _params() -> SamplingParams:
         top_p=0.9, top_k=40, min_p=0.05, frequency_penalty=0.1, presence_penalty=-0.2,
         repetition_penalty=1.1, min_new_tokens=1, n=2, regex="a+", ignore_eos=True,
         skip_special_tokens=False, spaces_between_special_tokens=False, no_stop_trim=True,
-        logit_bias={5: -1.5, 7: 2.0}, seed=2**62, stream_interval=3,
+        logit_bias={5: -1.5, 7: 2.0}, seed=2**62, stream_interval=3, grammar_after_ids=[9, 10],
     )
 
 

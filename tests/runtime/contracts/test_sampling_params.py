@@ -8,7 +8,7 @@ import math
 import pytest
 
 from runtime.contracts.errors import InvalidRequest
-from runtime.contracts.sampling import MAX_STOP_STRS, SamplingParams
+from runtime.contracts.sampling import MAX_GRAMMAR_AFTER_IDS, MAX_STOP_STRS, SamplingParams
 
 SGLANG_DEFAULTS = {
     "max_new_tokens": 128, "stop": None, "stop_token_ids": None, "temperature": 1.0,
@@ -17,6 +17,7 @@ SGLANG_DEFAULTS = {
     "ebnf": None, "ignore_eos": False, "skip_special_tokens": True,
     "spaces_between_special_tokens": True, "no_stop_trim": False, "logit_bias": None,
     "seed": None, "stream_interval": None,
+    "grammar_after_ids": None,  # ours: a grammar that starts after the reasoning
 }
 
 
@@ -98,6 +99,13 @@ INVALID = [
     ({"no_stop_trim": "false"}, None, "no_stop_trim"),
     ({"stream_interval": 0}, None, "stream_interval"),
     ({"stream_interval": 1.5}, None, "stream_interval"),
+    ({"grammar_after_ids": [5]}, None, "grammar_after_ids"),  # without a grammar
+    ({"regex": "a", "grammar_after_ids": []}, None, "grammar_after_ids"),
+    ({"regex": "a", "grammar_after_ids": [1] * (MAX_GRAMMAR_AFTER_IDS + 1)}, None, "grammar_after_ids"),
+    ({"regex": "a", "grammar_after_ids": [10]}, 10, "grammar_after_ids"),
+    ({"regex": "a", "grammar_after_ids": [-1]}, None, "grammar_after_ids"),
+    ({"regex": "a", "grammar_after_ids": ["5"]}, None, "grammar_after_ids"),
+    ({"regex": "a", "grammar_after_ids": 5}, None, "grammar_after_ids"),
     ({"bogus": 1}, None, "bogus"),
     ({"stop_regex": "x"}, None, "stop_regex"),
 ]
@@ -179,7 +187,8 @@ def test_is_greedy_and_stop_strs():
 def test_to_dict_is_plain_json_and_round_trips():
     body = {"temperature": 0.7, "stop": ["\n"], "stop_token_ids": [2],
             "logit_bias": {"3": 1.5, 4: -2},
-            "seed": 9, "json_schema": '{"type": "string"}', "top_k": 20, "stream_interval": 4}
+            "seed": 9, "json_schema": '{"type": "string"}', "top_k": 20, "stream_interval": 4,
+            "grammar_after_ids": [7, 8]}
     p = SamplingParams.from_dict(body)
     wire = json.loads(json.dumps(p.to_dict()))
     assert wire["logit_bias"] == {"3": 1.5, "4": -2.0}

@@ -41,7 +41,8 @@ def rich_entry() -> ForwardEntry:
     """An entry with every optional part set, so a field the wire form loses shows."""
     sampling = SamplingParams(temperature=0.7, top_p=0.9, top_k=20, min_p=0.05, frequency_penalty=0.5,
                               presence_penalty=-0.25, repetition_penalty=1.1, min_new_tokens=2, stop=["</s>"],
-                              stop_token_ids=[2], logit_bias={17: -3.5, 4: 2.0}, seed=12345, ignore_eos=True)
+                              stop_token_ids=[2], logit_bias={17: -3.5, 4: 2.0}, seed=12345, ignore_eos=True,
+                              regex="[0-9]+", grammar_after_ids=[151668])
     return ForwardEntry(row=3, input_ids=[10, 11, 12], prefix_len=5, kv_write=[40, 41, 42], kv_write_start=5,
                         sampling=sampling, output_ids=[7, 8], stop_ids=[2], return_logprob=True, top_logprobs_num=3,
                         logprob_start=1, logprob_targets=[11, 12], input_from_future=True,

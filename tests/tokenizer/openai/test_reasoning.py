@@ -3,9 +3,17 @@ chunking) that join to the non-streamed fields."""
 
 from __future__ import annotations
 
+import asyncio
+import types
+from typing import Any
+
 import pytest
 
-from tokenizer.openai.reasoning import PARSERS, ReasoningStream, split_reasoning
+from runtime.contracts.config import ServerConfig
+from tokenizer.admission import PromptEncoder
+from tokenizer.manager import TokenizerManager
+from tokenizer.openai.api import plan_chat_request
+from tokenizer.openai.reasoning import PARSERS, ReasoningStream, opens_in_reasoning, split_reasoning
 
 # Recorded shapes: Qwen3-0.6B with thinking on; DeepSeek-R1-Distill (its template opens <think>).
 QWEN3 = ("<think>\nThe user asks for the capital of France. That is Paris.\n</think>\n\n"
@@ -45,3 +53,92 @@ def test_streamed_deltas_join_to_the_split(parser: str, text: str, step: int, st
         assert fmt.end not in reasoning
     split = split_reasoning(text, fmt)
     assert reasoning == (split.reasoning or "") and content == split.content
+
+
+# --- grammars after the reasoning: when the chat routes set grammar_after_ids ---
+
+THINKING_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                     "<|im_start|>assistant\n{% if enable_thinking is defined and not enable_thinking %}"
+                     "<think>\n\n</think>\n\n{% endif %}")  # Qwen3's shape: it knows </think>
+MESSAGES = [{"role": "user", "content": "hi"}]
+PLAIN_TEMPLATE = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant:"
+
+
+@pytest.mark.parametrize("parser,prompt,template,opens", [
+    ("qwen3", "<|im_start|>assistant\n", THINKING_TEMPLATE, True),  # a thinking model writes <think>
+    ("qwen3", "<|im_start|>assistant\n<think>\n\n</think>\n\n", THINKING_TEMPLATE, False),  # enable_thinking off
+    ("qwen3", "user: what is <think>?\nassistant:", PLAIN_TEMPLATE, False),  # a model that never reasons
+    ("qwen3", "<|im_start|>assistant\n<think>\n", PLAIN_TEMPLATE, True),  # the prompt opened the block
+    ("deepseek-r1", "<｜Assistant｜><think>\n", PLAIN_TEMPLATE, True),
+    ("deepseek-r1", "<｜Assistant｜>", PLAIN_TEMPLATE, True),  # the parser reads reasoning until </think>
+    ("deepseek-r1", "<｜Assistant｜><think>\n\n</think>\n\n", PLAIN_TEMPLATE, False),
+])
+def test_opens_in_reasoning(parser: str, prompt: str, template: str, opens: bool) -> None:
+    assert opens_in_reasoning(PARSERS[parser], prompt, template) is opens
+
+
+@pytest.fixture(scope="module")
+def thinking_tokenizer(default_model_path: str) -> Any:
+    """The default model's tokenizer with a Qwen3-shaped template (it knows </think>)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(default_model_path)
+    tok.chat_template = THINKING_TEMPLATE
+    return tok
+
+
+def plan_for(tokenizer: Any, body: dict[str, Any], parser: str = "qwen3") -> dict[str, Any]:
+    """The sampling params the chat pipeline sends for `body` on a server with `parser`."""
+    tm = types.SimpleNamespace(tokenizer=tokenizer, encoder=PromptEncoder(tokenizer), context_length=2048,
+                               scheduler_info={})
+    tm.apply_chat_template = types.MethodType(TokenizerManager.apply_chat_template, tm)
+    plan = asyncio.run(plan_chat_request(tm, ServerConfig(reasoning_parser=parser), body, "m"))
+    sampling: dict[str, Any] = plan.body["sampling_params"]
+    return sampling
+
+
+JSON_FORMAT = {"response_format": {"type": "json_object"}}
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+FORCED = {"tools": [TOOL], "tool_choice": "required"}
+
+
+@pytest.mark.parametrize("extra", [JSON_FORMAT, FORCED, {"regex": "[0-9]+"}], ids=["json", "forced", "regex"])
+def test_a_grammar_waits_for_the_reasoning_end(thinking_tokenizer: Any, extra: dict[str, Any]) -> None:
+    sampling = plan_for(thinking_tokenizer, {"messages": MESSAGES, **extra})
+    assert sampling["grammar_after_ids"] == thinking_tokenizer.encode("</think>", add_special_tokens=False)
+
+
+def test_a_responses_text_format_waits_for_the_reasoning_end(thinking_tokenizer: Any) -> None:
+    from tokenizer.openai.responses.protocol import check_response
+
+    body = {"model": "m", "input": "hi", "text": {"format": {"type": "json_object"}}}
+    chat = check_response(body, reasoning_parser=True).chat_request([])
+    assert plan_for(thinking_tokenizer, chat)["grammar_after_ids"]
+
+
+@pytest.mark.parametrize("case", ["no parser", "no grammar", "tool_choice auto", "thinking off",
+                                  "no split", "a model that never reasons"])
+def test_otherwise_the_grammar_applies_from_the_first_token(thinking_tokenizer: Any, tokenizer: Any,
+                                                            case: str) -> None:
+    body: dict[str, Any] = {"messages": MESSAGES, **JSON_FORMAT}
+    tok, parser = thinking_tokenizer, "qwen3"
+    if case == "no parser":
+        parser = "none"
+    elif case == "no grammar":
+        del body["response_format"]
+    elif case == "tool_choice auto":
+        body = {"messages": MESSAGES, "tools": [TOOL]}
+    elif case == "thinking off":
+        body["chat_template_kwargs"] = {"enable_thinking": False}
+    elif case == "no split":
+        body["separate_reasoning"] = False
+    else:
+        tok = tokenizer  # SmolLM2's own template knows no <think>
+    assert "grammar_after_ids" not in plan_for(tok, body, parser)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(default_model_path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(default_model_path)
