@@ -104,7 +104,12 @@ def long_expected(default_model_path: str) -> dict:
     return run(default_model_path, long_outputs, disable_overlap_schedule=True)[0]
 
 
-@pytest.mark.parametrize("overlap,page", [(False, 1), (True, 1), (True, 16)])
+# Overlap off and on, pages of 1 and 16: the two rows hold each value; the full run adds the
+# third combination (the fake-runner grid in test_scheduler_parts.py covers all four in ms).
+EVICTION_GRID = [(False, 1), (True, 16)] + ([(True, 1)] if FULL else [])
+
+
+@pytest.mark.parametrize("overlap,page", EVICTION_GRID)
 def test_same_tokens_with_eviction_and_retraction(default_model_path, long_expected, overlap, page) -> None:
     results, sched = run(default_model_path, long_outputs, disable_overlap_schedule=not overlap,
                          chunked_prefill_size=32, page_size=page, max_total_tokens=480, optimistic=True)
