@@ -37,5 +37,5 @@ def apply_draft_verification(model: CausalLM, entries: list[ForwardEntry], plan:
         accepted[i] = drafts[:count]
         start = end
     result.next_ids = upload(next_ids, torch.int64, device)
-    result.restart_copy()
+    result.start_host_copy()
     result.accepted = accepted

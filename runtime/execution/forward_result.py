@@ -30,12 +30,12 @@ class ForwardResult:
     def host_logprobs(self) -> list[float] | None:
         return self._host()[1] if self.logprobs is not None else None
 
-    def restart_copy(self) -> None:
-        """Queue a fresh host copy of next_ids/logprobs (after they were replaced on the device)."""
+    def start_host_copy(self) -> None:
+        """Queue the host copy of next_ids (and logprobs); again after they are replaced."""
         self.pending = PendingHost([t for t in (self.next_ids, self.logprobs) if t is not None])
 
     def _host(self) -> list[list]:
         if self.pending is None:
-            self.restart_copy()
+            self.start_host_copy()
         assert self.pending is not None
         return self.pending.wait()

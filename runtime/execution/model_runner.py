@@ -17,7 +17,6 @@ import torch
 from kernels.grammar_mask import apply_row_bitmasks
 from kernels.kv_pool import KVPool, ReqToTokenPool
 from kernels.sampling import SamplingBatch, apply_penalties_and_bias, sample
-from kernels.transfer import PendingHost
 from runtime.execution.cuda_graph import CudaGraphRunner
 from runtime.execution.draft_verify import apply_draft_verification
 from runtime.execution.forward_batch import ForwardEntry
@@ -142,15 +141,16 @@ class ModelRunner:
         self.step_hook.agree_on(out.next_ids)  # every rank's future map must hold rank 0's choices
         self.future_tokens.index_copy_(0, step.rows[: len(entries)], out.next_ids)
         input_lps, input_tops = input_logprobs(self.model, entries, step.plan, hidden)
-        return ForwardResult(
+        result = ForwardResult(
             next_ids=out.next_ids,
             logprobs=out.logprobs,
             top_logprobs=out.top_logprobs if any(top_nums) else None,
             input_logprobs=input_lps,
             input_top_logprobs=input_tops,
             last_logits=logits if keep_logits else None,
-            pending=PendingHost([t for t in (out.next_ids, out.logprobs) if t is not None]),
         )
+        result.start_host_copy()  # queued now, behind this step's work: the step's one sync reads it
+        return result
 
     def prepare(self, entries: list[ForwardEntry]) -> StepInputs:
         """The step's device inputs (step_inputs.prepare_step), no host sync."""
