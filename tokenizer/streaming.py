@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
@@ -96,28 +96,53 @@ async def last_result(results: AsyncIterator[Any]) -> Any:
 async def _stream(
     request: web.Request, results: AsyncIterator[Any], renderer: Renderer
 ) -> web.StreamResponse:
+    async def body(send: SendEvents) -> None:
+        await send(renderer.start())
+        async for out in results:
+            await send(renderer.chunks(out))
+        await send(renderer.end())
+
+    return await sse_response(request, body, lambda status, message, param: [error_body(status, message, param)],
+                              done=DONE_EVENT)
+
+
+SendEvents = Callable[[list[Any]], Awaitable[None]]
+
+
+async def sse_response(
+    request: web.Request, body: Callable[[SendEvents], Awaitable[None]],
+    error_events: Callable[[int, str, str | None], list[Any]], *, named: bool = False, done: bytes = b"",
+) -> web.StreamResponse:
+    """The SSE skeleton every streaming route shares: `body` sends its events through the function
+    it is given; an error raised after the headers went out is sent as the route's own error
+    events; `done` (OpenAI's [DONE]) ends the stream. `named` events carry an `event: <type>`
+    line (Anthropic's and the Responses API's clients need it). A client that goes away ends it
+    quietly: the caller's `aclosing` aborts the request."""
     response = web.StreamResponse(headers=SSE_HEADERS)
     await response.prepare(request)
+
+    async def send(payloads: list[Any]) -> None:
+        if payloads:
+            await response.write(b"".join(_sse_event(p, named) for p in payloads))
+
     try:
         try:
-            await _send(response, renderer.start())
-            async for out in results:
-                await _send(response, renderer.chunks(out))
-            await _send(response, renderer.end())
+            await body(send)
         except ConnectionError:
             raise
         except Exception as exc:  # NOTE: headers are sent, so the error travels as an event
             status, message, param = classify(exc)
             if status == 500:
                 logger.exception("error while streaming %s", request.path)
-            await _send(response, [error_body(status, message, param)])
-        await response.write(DONE_EVENT)
+            await send(error_events(status, message, param))
+        if done:
+            await response.write(done)
         await response.write_eof()
     except ConnectionError:
         pass  # the client is gone; the caller's `aclosing` aborts the request
     return response
 
 
-async def _send(response: web.StreamResponse, payloads: list[Any]) -> None:
-    if payloads:
-        await response.write(b"".join(b"data: " + orjson.dumps(p) + b"\n\n" for p in payloads))
+def _sse_event(payload: Any, named: bool) -> bytes:
+    data = b"data: " + orjson.dumps(payload) + b"\n\n"
+    return b"event: " + payload["type"].encode() + b"\n" + data if named else data

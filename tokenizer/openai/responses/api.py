@@ -21,11 +21,10 @@ import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-import orjson
 from aiohttp import web
 
 from runtime.contracts.errors import InvalidRequest
-from tokenizer.errors import HTTPError, classify
+from tokenizer.errors import HTTPError
 from tokenizer.openai.api import plan_chat_request
 from tokenizer.openai.protocol import OpenAIPlan, cache_key, translate
 from tokenizer.openai.reasoning import PARSERS as REASONING_PARSERS
@@ -34,7 +33,7 @@ from tokenizer.openai.responses import output
 from tokenizer.openai.responses.events import ResponseEvents, items_of
 from tokenizer.openai.responses.protocol import ResponseRequest, check_response, rename_error
 from tokenizer.openai.responses.store import ResponseStore, Running, owner_key
-from tokenizer.streaming import SSE_HEADERS, json_response, last_result
+from tokenizer.streaming import SendEvents, json_response, last_result, sse_response
 
 if TYPE_CHECKING:
     from runtime.contracts.config import ServerConfig
@@ -126,39 +125,25 @@ class _Run:
 
 async def _stream(request: web.Request, run: _Run, running: Running, results: AsyncIterator[Any],
                   store: ResponseStore, owner: str) -> web.StreamResponse:
-    response = web.StreamResponse(headers=SSE_HEADERS)
-    await response.prepare(request)
     events = run.events()
-    try:
-        try:
-            await _send(response, events.start())
-            final = None
-            async for out in results:
-                meta = out["meta_info"]
-                done = meta.get("finish_reason") is not None
-                await _send(response, events.feed(out["text"], done, output.item_status(meta)))
-                if done:
-                    final = output.finished(run.response, events.items, meta, running.cancelled)
-            if final is not None:
-                run.save(store, owner, final)
-                await _send(response, events.end(final))
-        except ConnectionError:
-            raise
-        except Exception as exc:  # NOTE: headers are sent, so the error travels as an event
-            status, message, param = classify(exc)
-            if status == 500:
-                logger.exception("error while streaming %s", request.path)
-            await _send(response, [events.event("error", code=str(status), message=message, param=param)])
-        await response.write_eof()
-    except ConnectionError:
-        pass  # the client is gone; the caller's `aclosing` aborts the generation
-    return response
 
+    async def body(send: SendEvents) -> None:
+        await send(events.start())
+        final = None
+        async for out in results:
+            meta = out["meta_info"]
+            done = meta.get("finish_reason") is not None
+            await send(events.feed(out["text"], done, output.item_status(meta)))
+            if done:
+                final = output.finished(run.response, events.items, meta, running.cancelled)
+        if final is not None:
+            run.save(store, owner, final)
+            await send(events.end(final))
 
-async def _send(response: web.StreamResponse, payloads: list[dict[str, Any]]) -> None:
-    if payloads:
-        await response.write(b"".join(b"event: " + p["type"].encode() + b"\ndata: " + orjson.dumps(p) + b"\n\n"
-                                      for p in payloads))
+    def error(status: int, message: str, param: str | None) -> list[dict[str, Any]]:
+        return [events.event("error", code=str(status), message=message, param=param)]
+
+    return await sse_response(request, body, error, named=True)
 
 
 def retrieve(request: web.Request) -> dict[str, Any]:
