@@ -168,6 +168,33 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
+def tpot(turn: Turn) -> float | None:
+    """Seconds per output token after the first (the client's view, as vLLM's bench computes it)."""
+    if turn.ttft is None or turn.output_tokens < 2:
+        return None
+    return (turn.end - turn.start - turn.ttft) / (turn.output_tokens - 1)
+
+
+def overall(turns: list[Turn], duration: float) -> dict[str, Any]:
+    """The whole run in the units of `vllm bench serve` (what scripts/peers_table.py tabulates)."""
+    done = [x for x in turns if x.error is None]
+    ttfts = [x.ttft * 1000 for x in done if x.ttft is not None]
+    tpots = [t * 1000 for t in map(tpot, done) if t is not None]
+    later = [x for x in done if x.turn > 0 and x.cached_tokens is not None]
+    later_prompt = sum(x.prompt_tokens for x in later)
+    return {
+        "completed": len(done), "failed": len(turns) - len(done),
+        "total_input_tokens": sum(x.prompt_tokens for x in done),
+        "total_output_tokens": sum(x.output_tokens for x in done),
+        "output_throughput": sum(x.output_tokens for x in done) / duration if duration > 0 else 0.0,
+        "median_ttft_ms": statistics.median(ttfts) if ttfts else None,
+        "p99_ttft_ms": percentile(ttfts, 99) if ttfts else None,
+        "median_tpot_ms": statistics.median(tpots) if tpots else None,
+        # The share of later turns' prompts the server reported as cached: None if it reports none.
+        "later_turns_cached_share": sum(x.cached_tokens or 0 for x in later) / later_prompt if later_prompt else None,
+    }
+
+
 def summarize(turns: list[Turn], count: int) -> list[dict[str, Any]]:
     rows = []
     for t in range(count):
@@ -208,7 +235,10 @@ async def served_model(session: aiohttp.ClientSession, url: str) -> str:
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     timeout = aiohttp.ClientTimeout(total=args.request_timeout)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    # A connection per request: llama-server closes kept-alive connections after a response, and a
+    # pooled connection reused at that moment fails the next turn (ServerDisconnectedError).
+    connector = aiohttp.TCPConnector(force_close=True)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         model = args.model or await served_model(session, args.base_url)
         system = system_prompt(args.system_words)
         start = time.perf_counter()
@@ -224,6 +254,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     return {"label": label, "mode": args.mode, "model": model, "agents": args.agents, "turns": args.turns,
             "system_words": args.system_words, "tool_result_words": args.tool_result_words,
             "max_tokens": args.max_tokens, "duration_s": duration, "failed": len(errors),
+            "summary": overall(turns, duration),
             "first_error": errors[0] if errors else None, "per_turn": rows, "date": time.strftime("%Y-%m-%d")}
 
 

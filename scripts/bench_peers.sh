@@ -27,6 +27,10 @@
 #   c4, c64 random 256/128 at concurrency 4 (32 prompts) and 64 (128 prompts), for the
 #           throughput-against-concurrency plot (not run by default: --workloads c1,c4,c16,c64);
 #           llama.cpp has 16 slots, so at 64 its requests queue
+#   agents  scripts/bench_agents.py --mode chat (not vllm bench serve): 8 agents at once, 4 turns
+#           each, a ~1k-token system prompt shared by all, each turn resending the whole history
+#           plus a ~300-token tool result, 32 streamed tokens per answer (--agents 2 --turns 2
+#           with --quick); its turn-by-turn TTFT and cached share get a table of their own
 #
 # What it installs, on demand and only once, under .peers/ (git-ignored), never into .venv:
 #   .peers/vllm-venv   Python 3.11 venv: CPU torch 2.13.0 first (a local CPU wheel; an unpinned torch
@@ -61,7 +65,7 @@ LLAMA_SERVER="$LLAMA_SRC/build/bin/llama-server"
 TABLE="$ROOT/scripts/peers_table.py"
 
 ALL_SYSTEMS="radixserve,radixserve-args,vllm,llamacpp,llamacpp-q4"
-ALL_WORKLOADS="c16,c1,prefix,c4,c64"
+ALL_WORKLOADS="c16,c1,prefix,c4,c64,agents"
 DEFAULT_WORKLOADS="c16,c1,prefix"
 
 usage() {
@@ -69,7 +73,7 @@ usage() {
     cat <<'EOF'
 Options:
   --systems LIST        systems to measure (default: radixserve,[radixserve-args,]vllm,llamacpp,llamacpp-q4)
-  --workloads LIST      workloads to run on each (default: c16,c1,prefix; also c4, c64)
+  --workloads LIST      workloads to run on each (default: c16,c1,prefix; also c4, c64, agents)
   --quick               smoke test: --quick-prompts prompts per workload (default 2) instead of 64/8/64
   --quick-prompts N     prompts per workload in --quick mode
   --dtype D             auto|bf16|f32: the dtype of the vLLM model and of the llama.cpp GGUF. auto
@@ -445,10 +449,10 @@ server_cmd() {  # server_cmd SYSTEM PORT: sets SRV_ENV and SRV_CMD
             local gguf
             if [[ "$system" == llamacpp ]]; then gguf="$(gguf_path "$PEER_DTYPE")"; else gguf="$Q4_GGUF"; fi
             # 16 parallel slots with continuous batching; -c is the total context, split evenly
-            # over the slots: 16 x 1280 (the prefix workload needs 1024 + 128 + 32 = 1184 per slot;
-            # 96 more absorb tokenizer differences). Threads: every core. No web UI.
+            # over the slots: 16 x 2560 (the prefix workload needs 1024 + 128 + 32 = 1184 per slot,
+            # the agents workload's fourth turn about 1900). Threads: every core. No web UI.
             SRV_CMD=("$LLAMA_SERVER" -m "$gguf" --host 127.0.0.1 --port "$port"
-                -np 16 -c $((16 * 1280)) -cb -t "$NCPU" -tb "$NCPU"
+                -np 16 -c $((16 * 2560)) -cb -t "$NCPU" -tb "$NCPU"
                 --alias "$(basename "$HF_DIR")" --no-webui)
             ;;
     esac
@@ -483,6 +487,10 @@ workload_args() {  # workload_args NAME: sets WL_ARGS
             n=$((c * 4 < 32 ? 32 : c * 2)); if [[ "$QUICK" == 1 ]]; then n="$QUICK_PROMPTS"; fi
             WL_ARGS=(--dataset-name random --random-input-len 256 --random-output-len 128
                 --random-range-ratio 0 --num-prompts "$n" --max-concurrency "$c" --seed "$((4 + c))")
+            ;;
+        agents)
+            WL_ARGS=(--mode chat --agents 8 --turns 4)
+            if [[ "$QUICK" == 1 ]]; then WL_ARGS=(--mode chat --agents 2 --turns 2); fi
             ;;
         prefix)
             n=64; if [[ "$QUICK" == 1 ]]; then n="$QUICK_PROMPTS"; fi
@@ -523,14 +531,22 @@ run_system() {
     for wl in "${WORKLOAD_LIST[@]}"; do
         workload_args "$wl"
         local file="$system-$wl.json" blog="$LOGS/bench-$system-$wl-$STAMP.log" status=ok
-        local bench=(env HF_HUB_OFFLINE=1 "$VLLM" bench serve --backend openai --endpoint /v1/completions
-            --host 127.0.0.1 --port "$port" --model "$model" --tokenizer "$HF_DIR"
-            --ignore-eos --temperature 0 "${WL_ARGS[@]}" --num-warmups "$WARMUPS"
-            --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99
-            --save-result --save-detailed --result-dir "$RAW" --result-filename "$file"
-            --label "$system-$wl")
-        # On a terminal the client's progress bar (tqdm, on stderr) shows there as well as in the log.
-        if [[ ! -t 2 ]]; then bench+=(--disable-tqdm); fi
+        local bench
+        if [[ "$wl" == agents ]]; then
+            # The agent client is radixserve's own script; it speaks plain Chat Completions, which
+            # every system here serves, and writes one JSON record that peers_table.py reads.
+            bench=("$RS_PY" "$ROOT/scripts/bench_agents.py" --base-url "http://127.0.0.1:$port"
+                --model "$model" "${WL_ARGS[@]}" --label "$label" --output-file "$RAW/$file")
+        else
+            bench=(env HF_HUB_OFFLINE=1 "$VLLM" bench serve --backend openai --endpoint /v1/completions
+                --host 127.0.0.1 --port "$port" --model "$model" --tokenizer "$HF_DIR"
+                --ignore-eos --temperature 0 "${WL_ARGS[@]}" --num-warmups "$WARMUPS"
+                --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99
+                --save-result --save-detailed --result-dir "$RAW" --result-filename "$file"
+                --label "$system-$wl")
+            # On a terminal the client's progress bar (tqdm, on stderr) shows there as well as in the log.
+            if [[ ! -t 2 ]]; then bench+=(--disable-tqdm); fi
+        fi
         local load_before
         load_before="$(cut -d' ' -f1-3 /proc/loadavg)"
         say "$system / $wl: $(quote "${bench[@]}") (log: $blog)"
@@ -539,7 +555,7 @@ run_system() {
         if ! python3 "$TABLE" measure --server-pgid "$SERVER_PID" --out "$RAW/$system-$wl.cpu.json" \
             -- "${bench[@]}" >"$blog" 2> >(if [[ -t 2 ]]; then tee -a "$blog" >&2; else cat >>"$blog"; fi); then
             status=bench-failed
-            say "vllm bench serve failed for $system / $wl; last lines of $blog:"
+            say "the benchmark client failed for $system / $wl; last lines of $blog:"
             tail -n 20 "$blog" >&2
         fi
         python3 "$TABLE" add --manifest "$MANIFEST" --system "$system" --label "$label" \

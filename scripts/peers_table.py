@@ -8,7 +8,8 @@
       reads every run's `vllm bench serve` result file, writes everything as one JSON file (the
       date, the CPU, the commands, the versions, the numbers) and prints the markdown tables: one
       row per system, per workload its output tok/s, median TTFT and median TPOT; then the
-      baseline's ratios to each peer.
+      baseline's ratios to each peer. A run of scripts/bench_agents.py (the `agents` workload)
+      gives its `summary` in the same units, and its turns get a table of their own.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ WORKLOAD_TITLES = {
     "prefix": "prefix 1024+128/32, c=16",
     "c4": "random 256/128, c=4",
     "c64": "random 256/128, c=64",
+    "agents": "agents 8x4 turns, chat",
 }
 NOISY_FRACTION = 0.05  # other processes' share of the machine's CPU above which a run is flagged
 CPU_FLAGS_OF_INTEREST = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile")
@@ -224,6 +226,8 @@ def load_run(run: dict) -> dict:
     if os.path.exists(cpu_file):
         with open(cpu_file) as f:
             run["cpu_accounting"] = json.load(f)
+    if "per_turn" in res:  # scripts/bench_agents.py's record, not vLLM's
+        return _agents_run(run, res)
     run["metrics"] = {k: res.get(k) for k in KEPT_METRICS if k in res}
     problems = []
     if res.get("failed"):
@@ -252,6 +256,34 @@ def load_run(run: dict) -> dict:
     if problems:
         run["problems"] = problems
     return run
+
+
+def _agents_run(run: dict, res: dict) -> dict:
+    run["metrics"] = dict(res.get("summary") or {})
+    run["per_turn"] = res["per_turn"]
+    if res.get("failed"):
+        run["problems"] = [f"{res['failed']} of {res['agents'] * res['turns']} turns failed: {res.get('first_error')}"]
+    return run
+
+
+def agents_markdown(runs: list[dict]) -> list[str]:
+    """Per turn and system: TTFT p50 and the share of the prompt the server reported as cached."""
+    rows = [r for r in runs if r.get("per_turn")]
+    if not rows:
+        return []
+    turns = max(len(r["per_turn"]) for r in rows)
+    head = ["system"] + [cell for t in range(turns) for cell in (f"turn {t + 1}: TTFT p50 ms", "cached")]
+    lines = ["", "Agents, turn by turn (each turn resends the history; cached: the share of its prompt "
+             "the server reported as cached, - where it reports none):", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r.get("label") or r["system"]]
+        for t in r["per_turn"]:
+            share = "-" if t.get("cached_share") is None else f"{100 * t['cached_share']:.0f}%"
+            cells += [fmt(1000 * t["ttft_p50_s"], 0), share]
+        cells += [""] * (len(head) - len(cells))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
 def fmt(value, digits: int = 1) -> str:
@@ -361,6 +393,7 @@ def markdown(runs: list[dict], baseline: str) -> str:
                     fmt(ratio(metric(baseline, w, "median_tpot_ms"), metric(p, w, "median_tpot_ms")), 2),
                 ]
             lines.append("| " + " | ".join(row) + " |")
+    lines += agents_markdown(runs)
     return "\n".join(lines)
 
 
