@@ -18,7 +18,8 @@ from types import ModuleType
 import torch
 
 NAME = "radixserve_cpu_kernels"
-SOURCES = [Path(__file__).parent / "csrc" / name for name in ("module.cpp", "decode_attention.cpp", "elementwise.cpp")]
+SOURCES = [Path(__file__).parent / "csrc" / name
+           for name in ("module.cpp", "decode_attention.cpp", "elementwise.cpp", "quant_gemm.cpp")]
 # -ffast-math: glibc declares its vector exp (libmvec) only under it; without it every score's
 # exp is a scalar call, which was most of the kernel's time. The kernel has no inf/nan inputs.
 CFLAGS = ["-O3", "-fopenmp", "-ffast-math"]

@@ -73,6 +73,8 @@ class LinearMethod:
     """How a `Linear` computes x @ weight.T + bias: in full precision, through the packed weight
     when `pack()` made one, else `F.linear`. Stateless: every layer shares `DENSE`."""
 
+    full_precision = True  # False: the product carries the weight quantization's error
+
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
         if layer.packed is not None:
             return _packed_linear(x, layer.packed, layer.bias)
@@ -141,9 +143,8 @@ class Linear(nn.Module):
 
     def pack(self) -> None:
         """Prepack the loaded weight for its device (no-op when already packed or unsupported)."""
-        if self.packed is not None:
+        if self.packed is not None or self.weight is None:  # no weight: the method holds it (blocks)
             return
-        assert self.weight is not None
         self.packed = pack_weight(self.weight.detach(), self.bias)
         if self.packed is not None:
             self.weight = None

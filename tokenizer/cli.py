@@ -2,6 +2,7 @@
 
     radixserve serve [--model-path PATH] [--port 30000] ...   serve a model over HTTP
     radixserve model-path                                     print (and prepare) the default model folder
+    radixserve model-path --gguf                              print the default model's shipped Q4_1 file
 
 The `serve` flags are generated from `ServerConfig`'s fields by `runtime.contracts.config.add_cli_arguments`.
 """
@@ -21,7 +22,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve = commands.add_parser("serve", help="serve a model over HTTP (default: the embedded SmolLM2-135M-Instruct)")
     add_cli_arguments(serve)
-    commands.add_parser("model-path", help="print the default model's folder, converting it first if needed")
+    where = commands.add_parser("model-path", help="print the default model's folder, converting it first if needed")
+    where.add_argument("--gguf", action="store_true", help="print the Q4_1 .gguf file it ships as instead")
     return parser
 
 
@@ -29,9 +31,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "model-path":
-        from runtime.support.default_model import ensure_default_model
+        from runtime.support.default_model import ensure_default_model, gguf_path
 
-        print(ensure_default_model())
+        print(gguf_path() if args.gguf else ensure_default_model())
         return 0
     try:
         config = config_from_args(args)

@@ -39,15 +39,21 @@ class ServerConfig:
         None, "Hugging Face model folder or a .gguf file; default: the embedded SmolLM2-135M-Instruct")
     tokenizer_path: str | None = _opt(None, "tokenizer folder; default: the model folder")
     load_format: str = _opt(
-        "auto", "how to load weights: auto (safetensors, or gguf for a .gguf model_path), gguf (converted once "
-        "to a cached folder), or random dummy weights", ("auto", "gguf", "dummy"))
+        "auto", "how to load weights: auto (safetensors; a .gguf model_path is dequantized once into a cached "
+        "folder), gguf (on CPU a .gguf's q8_0/q4_0/q4_1 linears run from their blocks by our kernels, with no "
+        "full-precision copy; elsewhere its dequantized folder), or random dummy weights", ("auto", "gguf", "dummy"))
+    gguf_file: str | None = _opt(
+        None, "the .gguf whose blocks load_format gguf runs; set from a .gguf model_path (model_path then names "
+        "the folder with its config and tokenizer)")
     dtype: str = _opt(
         "auto", "weight and activation dtype; auto: on CPU bfloat16 where the CPU computes it natively "
         "(AVX-512 BF16 or AMX), float32 elsewhere; on CUDA the checkpoint's dtype (float32 ones run in bfloat16)",
         ("auto", "float32", "bfloat16", "float16"))
     quantization: str = _opt(
-        "none", "weight-only quantization (CPU): int8 adds per-channel int8 weights that small-batch decode "
-        "steps read (half the bytes of bf16); larger batches keep the full-precision weights", ("none", "int8"))
+        "none", "weight-only quantization at load (CPU): q8_0, q4_0 or q4_1 turn the decoder's linears into GGUF's "
+        "blocks (the head into q8_0) run by our kernels, with no full-precision copy; int8 adds per-channel int8 "
+        "weights beside the full-precision ones for small-batch decode steps",
+        ("none", "int8", "q8_0", "q4_0", "q4_1"))
     kv_cache_dtype: str = _opt(
         "auto", "KV cache dtype; auto: the model dtype", ("auto", "float32", "bfloat16", "float16"))
     context_length: int | None = _opt(None, "maximum tokens per request (prompt + output); default: the model's")

@@ -4,8 +4,9 @@ A `.gguf` file (any of the quantizations transformers can read: F32, F16, BF16, 
 Q8_0, K-quants) is dequantized by transformers' GGUF reader into a bf16 safetensors folder with
 its tokenizer and config, under `<RADIXSERVE_CACHE_DIR>/gguf/<stem>-<fingerprint>/`, the same way
 the embedded default model is. The fingerprint covers the file's resolved path, size and
-modification time, so an edited or replaced file is converted again. Serving then reads that
-folder like any other checkpoint; `--quantization int8` requantizes its weights for speed.
+modification time, so an edited or replaced file is converted again. The folder always gives the
+config and the tokenizer; its weights serve where the file's blocks do not run as they are
+(`--load-format gguf`, runtime/execution/gguf_weights.py: on CPU unless a dtype is asked for).
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ def load_model_for_serving(config: ServerConfig, tp: TensorParallel | None = Non
     dtype = DTYPES[config.dtype]
     model = load_model(
         config.model_path, model_config, dtype, device, load_format=config.load_format, seed=config.random_seed,
-        quantization=config.quantization, tp=tp,
+        quantization=config.quantization, tp=tp, gguf_file=config.gguf_file,
     )
     local = model.config  # this rank's heads
     if device.type == "cpu" and dtype in (torch.float32, torch.bfloat16):  # the kernels' dtypes

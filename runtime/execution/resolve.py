@@ -34,13 +34,23 @@ def resolve_config(config: ServerConfig) -> ServerConfig:
     model_path = config.model_path
     served_name = config.served_model_name
     load_format = config.load_format
+    gguf_file = config.gguf_file
+    device = resolve_device(config.device)
     if model_path is None:
         model_path = ensure_default_model()
     elif load_format == "gguf" or is_gguf_path(model_path):
         served_name = served_name or os.path.basename(model_path).removesuffix(".gguf")
-        model_path, load_format = ensure_gguf_folder(model_path), "auto"
+        native = device.type == "cpu" and load_format == "gguf"
+        if load_format == "gguf" and not native:
+            logger.info("load_format gguf runs the file's blocks on CPU only: serving its dequantized folder")
+        gguf_file = model_path if native else None
+        model_path, load_format = ensure_gguf_folder(model_path), "gguf" if native else "auto"
+    if load_format == "gguf" and gguf_file is None:
+        raise InvalidRequest("load_format gguf needs a .gguf model_path (or gguf_file)", param="load_format")
+    if load_format == "gguf" and config.quantization != "none":
+        raise InvalidRequest("a .gguf file's blocks are run as they are: no --quantization with them",
+                             param="quantization")
     model_config = ModelConfig.from_hf(read_model_json(model_path, "config.json"))
-    device = resolve_device(config.device)
     check_tp(config.tp_size, model_config, device)
     dtype, why = resolve_dtype(config.dtype, model_config.torch_dtype, device)
     kv_dtype = dtype if config.kv_cache_dtype == "auto" else DTYPES[config.kv_cache_dtype]
@@ -70,6 +80,7 @@ def resolve_config(config: ServerConfig) -> ServerConfig:
     return config.replace(
         model_path=model_path,
         load_format=load_format,
+        gguf_file=gguf_file,
         served_model_name=served_name,
         tokenizer_path=config.tokenizer_path or model_path,
         device=device.type,

@@ -9,7 +9,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from runtime.execution.device import should_prepack
+from kernels import gguf_blocks, quant_linear
+from kernels.gguf_blocks import FORMATS
+from runtime.execution.cpu_kernels import load_cpu_kernels
+from runtime.execution.device import cpu_capability, should_prepack
 from runtime.models import CausalLM, ModelConfig, build_model
 
 if TYPE_CHECKING:
@@ -59,21 +62,30 @@ def load_model(
     prepack: bool | None = None,
     quantization: str | None = None,
     tp: ParallelContext | None = None,
+    gguf_file: str | None = None,
 ) -> CausalLM:
     """Build the model on `device`, fill its weights, prepack them, and return it ready to run.
 
     load_format "auto" reads the safetensors in `model_path`; "dummy" fills random weights
     (normal, std 0.02; norms 1) from `seed` without reading any file. `prepack`: pack the linear
     weights for the device; None: where `runtime.execution.device.should_prepack` says it pays.
+    "gguf" reads `gguf_file`, keeping the linears' quantized blocks (runtime/execution/gguf_weights.py).
     `quantization` "int8": the decoder's linears compute small-batch calls from per-channel int8
-    weights (`Int8LinearMethod`, CPU only). `tp` (a `runtime.parallel.group.TensorParallel`):
-    build and load only this tensor-parallel rank's part.
+    weights (`Int8LinearMethod`, CPU only); "q8_0", "q4_0", "q4_1": the decoder's linears are
+    quantized into those GGUF blocks and the head into q8_0 (`BlockQuantLinearMethod`, CPU only).
+    `tp` (a `runtime.parallel.group.TensorParallel`): build and load only this rank's part.
     """
-    if load_format not in ("auto", "dummy"):
-        raise ValueError(f"load_format must be 'auto' or 'dummy', got {load_format!r}")
+    if load_format not in ("auto", "dummy", "gguf"):
+        raise ValueError(f"load_format must be 'auto', 'gguf' or 'dummy', got {load_format!r}")
     model = build_model(model_config, dtype, device, tp)
     if load_format == "dummy":
         init_dummy_weights(model, seed)
+    elif load_format == "gguf":
+        if device.type != "cpu" or gguf_file is None:
+            raise ValueError("load_format gguf runs a .gguf file's blocks on CPU only")
+        from runtime.execution.gguf_weights import load_gguf
+
+        load_gguf(model, gguf_file, load_cpu_kernels(), cpu_capability().block_kernel_isa)
     else:
         if model_path is None:
             raise ValueError("model_path is required unless load_format='dummy'")
@@ -89,12 +101,21 @@ def quantize(model: CausalLM, quantization: str | None, device: torch.device) ->
     before packing: it quantizes the loaded full-precision weights)."""
     if quantization in (None, "none"):
         return
-    if quantization != "int8":
-        raise ValueError(f"unknown quantization {quantization!r}; known: none, int8")
+    if quantization not in ("int8", *FORMATS):
+        raise ValueError(f"unknown quantization {quantization!r}; known: none, int8, {', '.join(FORMATS)}")
     if device.type != "cpu":
-        raise ValueError("quantization int8 runs on CPU only (torch's int8 weight kernel)")
-    for layer in model.quantizable_linears():
-        layer.quantize_int8()
+        raise ValueError(f"quantization {quantization} runs on CPU only")
+    if quantization == "int8":
+        for layer in model.quantizable_linears():
+            layer.quantize_int8()
+        return
+    kernels, isa = load_cpu_kernels(), cpu_capability().block_kernel_isa
+    # The head in q8_0 whatever the decoder's format (as llama.cpp's quantizer keeps it finer).
+    layers = [(layer, FORMATS[quantization]) for layer in model.quantizable_linears()]
+    layers.append((model.lm_head, FORMATS["q8_0"]))
+    for layer, fmt in layers:
+        assert layer.weight is not None, "quantize before pack()"
+        quant_linear.install(layer, gguf_blocks.quantize(layer.weight.detach(), fmt), fmt, kernels, isa)
 
 
 @torch.no_grad()

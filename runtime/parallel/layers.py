@@ -205,6 +205,8 @@ class ParallelLMHead(Linear, ShardedWeights):
         log-probs follow the fp32 projection, for a top-k and a [N, k, hidden] product. Each rank
         refines the top of its own slice (a superset of the global top) before the gather.
         """
+        if not self.method.full_precision:  # quantized blocks: fp32 in, fp32 out, nothing to refine
+            return self._gather(super().forward(hidden.float()))
         return self._gather(self._refined(hidden, super().forward(hidden).float()))
 
     def _refined(self, hidden: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:

@@ -82,7 +82,11 @@ def direct_class(path: str) -> type[Any] | None:
     cls = auto.tokenizer_class_from_name(base) or auto.tokenizer_class_from_name(base + "Fast")
     if cls is None:
         return None
-    return auto.TokenizersBackend if cls.__name__ == "PythonBackend" else cls
+    if cls.__name__ == "PythonBackend":
+        from transformers import TokenizersBackend  # the class tokenization_auto re-exports
+
+        return TokenizersBackend
+    return cls
 
 
 def class_ref(path: str) -> str | None:

@@ -47,12 +47,19 @@ def test_embedded_gguf_serves_like_the_default_model(
 
     monkeypatch.setenv("RADIXSERVE_CACHE_DIR", str(tmp_path))
     source = str(gguf_path())
+    # By default: the converted folder's weights, in full precision.
     resolved = resolve_config(ServerConfig(model_path=source))
     assert Path(resolved.model_path).parent == tmp_path / "gguf"
-    assert resolved.load_format == "auto" and resolved.tokenizer_path == resolved.model_path
+    assert resolved.load_format == "auto" and resolved.gguf_file is None
+    assert resolved.tokenizer_path == resolved.model_path
     assert resolved.served_model_name == "SmolLM2-135M-Instruct.Q4_1"
+    # --load-format gguf on CPU: the file's blocks; the folder gives the config and the tokenizer.
     again = resolve_config(ServerConfig(model_path=source, load_format="gguf"))
     assert again.model_path == resolved.model_path  # converted once
+    assert again.load_format == "gguf" and again.gguf_file == source
+    with pytest.raises(InvalidRequest, match="no --quantization") as info:
+        resolve_config(ServerConfig(model_path=source, load_format="gguf", quantization="q8_0"))
+    assert info.value.param == "quantization"
     name = "model.layers.3.self_attn.q_proj.weight"
     with safe_open(str(Path(resolved.model_path) / "model.safetensors"), "pt") as ours, \
             safe_open(str(Path(default_model_path) / "model.safetensors"), "pt") as default:

@@ -16,21 +16,19 @@ with rounding that differs by CPU, and everything after it differs too. Teacher 
 each near-tie once.
 
 The unquantized model's greedy answers and its own teacher-forced scores come from one pass
-(`_greedy_and_scored`): teacher forcing a model on its own greedy answer feeds the very tokens
+(`greedy_and_scored`): teacher forcing a model on its own greedy answer feeds the very tokens
 its greedy decode fed, so a second pass would recompute the same forwards. The prompts go in one
 batch rather than one at a time: a decode step streams the weights once for all four rows.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
-import torch
 
 import kernels.linear
 from kernels.linear import DENSE, Int8LinearMethod
 from runtime.execution.static_batch import StaticBatch
+from tests.runtime.execution.teacher_forcing import greedy_and_scored, score
 
 pytestmark = pytest.mark.slow
 
@@ -38,46 +36,6 @@ CHAT_PROMPTS = 4  # the first four of chat_reference.QUESTIONS
 NEW_TOKENS = 32
 DRIFT_BAR = 0.05  # nats/token, mean over the prompts
 AGREE_BAR = 0.85  # fraction of teacher-forced positions whose argmax is the reference token
-
-
-@dataclass
-class Scored:
-    logprobs: list[float]  # of each reference token
-    argmax: list[int]  # the model's own choice at each position
-
-
-def _score(engine: StaticBatch, prompts: list[list[int]], answers: list[list[int]]) -> list[Scored]:
-    """Teacher-force each answer after its prompt, the prompts in one batch, one decode step at a
-    time (every answer is as long as the first)."""
-    seqs = [engine.new_seq(p) for p in prompts]
-    scored = [Scored([], []) for _ in prompts]
-    for pos in range(len(answers[0])):
-        logits = engine.step(seqs, keep_logits=True).last_logits.float()
-        logprobs = torch.log_softmax(logits, dim=-1)
-        for i, (seq, answer) in enumerate(zip(seqs, answers)):
-            scored[i].logprobs.append(float(logprobs[i, answer[pos]]))
-            scored[i].argmax.append(int(logits[i].argmax()))
-            seq.tokens.append(answer[pos])
-    engine.release(seqs)
-    return scored
-
-
-def _greedy_and_scored(engine: StaticBatch, prompts: list[list[int]],
-                       new_tokens: int) -> tuple[list[list[int]], list[Scored]]:
-    """The greedy answers of `new_tokens` tokens after `prompts` (the runner's own greedy picks, as
-    in `generate_greedy`), and `_score(engine, prompts, answers)` from the same forwards: the
-    prompts in one batch, one decode step at a time, each picked token fed back."""
-    seqs = [engine.new_seq(p) for p in prompts]
-    scored = [Scored([], []) for _ in prompts]
-    for _ in range(new_tokens):
-        result = engine.step(seqs, keep_logits=True)
-        engine.append(seqs, result)
-        logprobs = torch.log_softmax(result.last_logits.float(), dim=-1)
-        for i, seq in enumerate(seqs):
-            scored[i].logprobs.append(float(logprobs[i, seq.output[-1]]))
-            scored[i].argmax.append(seq.output[-1])
-    engine.release(seqs)
-    return [seq.output for seq in seqs], scored
 
 
 class CountingInt8:
@@ -105,9 +63,9 @@ def test_int8_meets_the_accuracy_bar(default_model_path: str, default_tokenizer,
     assert isinstance(int8.runner.model.model.layers[0].mlp.down_proj.method, Int8LinearMethod)
     assert int8.runner.model.lm_head.method is DENSE  # full precision, see CausalLM.quantizable_linears
     counter = CountingInt8(monkeypatch)
-    references, bases = _greedy_and_scored(plain, prompts, NEW_TOKENS)
+    references, bases = greedy_and_scored(plain, prompts, NEW_TOKENS)
     assert counter.calls == 0  # the references are the unquantized model's own
-    ours = _score(int8, prompts, references)
+    ours = score(int8, prompts, references)
     # The prefill (every prompt's rows) is too tall for int8; each later step has one row a prompt
     # (<= INT8_MAX_ROWS) and goes through it: 4 linears a layer (qkv, o, gate_up, down).
     assert len(prompts) <= kernels.linear.INT8_MAX_ROWS

@@ -1,0 +1,137 @@
+"""GGUF's block formats q8_0, q4_0 and q4_1 in plain torch: the reference our C++ kernels are
+held to, the quantizer `--quantization q8_0|q4_0|q4_1` uses, and the fallback product.
+
+A weight [out, in] is stored as `out` rows of `in / 32` blocks, each block as GGUF (and ggml)
+lays it out, little-endian:
+  q8_0: fp16 d, int8 q[32]                  w = d * q
+  q4_0: fp16 d, 16 bytes of nibbles         w = d * (u - 8)
+  q4_1: fp16 d, fp16 m, 16 bytes of nibbles w = d * u + m
+where byte j of the nibbles holds value j in its low nibble and value j + 16 in its high one.
+The rows are a uint8 tensor [out, in / 32 * block bytes], exactly the bytes of a GGUF tensor.
+
+`quantize_activations` is the activation side of the kernel (kernels/csrc/quant_gemm.cpp):
+per block of 32, d = max|x| / 127, q = round-half-even(x * (1 / d)), s = d * sum(q); and
+`reference_linear` computes the kernel's sum in float64 from the same integers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+QK = 32  # values per block in every format here
+
+
+@dataclass(frozen=True)
+class BlockFormat:
+    name: str
+    code: int  # the kernel's format number
+    block_bytes: int
+    header_bytes: int  # the fp16 scale (and minimum) before the values
+
+
+FORMATS = {
+    "q8_0": BlockFormat("q8_0", 0, 2 + QK, 2),
+    "q4_0": BlockFormat("q4_0", 1, 2 + QK // 2, 2),
+    "q4_1": BlockFormat("q4_1", 2, 4 + QK // 2, 4),
+}
+
+
+def block_format(name: str) -> BlockFormat:
+    if name not in FORMATS:
+        raise ValueError(f"unknown block format {name!r}; known: {', '.join(FORMATS)}")
+    return FORMATS[name]
+
+
+def row_bytes(fmt: BlockFormat, in_features: int) -> int:
+    if in_features % QK:
+        raise ValueError(f"{fmt.name} needs in_features divisible by {QK}, got {in_features}")
+    return in_features // QK * fmt.block_bytes
+
+
+def _halves(raw: torch.Tensor) -> torch.Tensor:
+    """fp16 values from a [..., 2] uint8 tensor of little-endian halves, as fp32 [...]."""
+    return raw.contiguous().view(torch.float16).squeeze(-1).float()
+
+
+def _as_bytes(values: torch.Tensor) -> torch.Tensor:
+    """fp32 [...] as fp16, as a [..., 2] uint8 tensor."""
+    return values.to(torch.float16).unsqueeze(-1).view(torch.uint8)
+
+
+def split_blocks(blocks: torch.Tensor, fmt: BlockFormat) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(values [out, nb, 32] int16: signed q for q8_0, unsigned nibbles for q4; d [out, nb]; m or 0)."""
+    out = blocks.shape[0]
+    b = blocks.view(out, -1, fmt.block_bytes)
+    d = _halves(b[..., 0:2])
+    m = _halves(b[..., 2:4]) if fmt.name == "q4_1" else torch.zeros_like(d)
+    body = b[..., fmt.header_bytes:]
+    if fmt.name == "q8_0":
+        values = body.contiguous().view(torch.int8).to(torch.int16)
+    else:
+        nibbles = body.to(torch.int16)
+        values = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=-1)
+    return values, d, m
+
+
+def dequantize(blocks: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
+    """The weight [out, in] in fp32."""
+    values, d, m = split_blocks(blocks, fmt)
+    offset = 8 if fmt.name == "q4_0" else 0
+    w = (values.float() - offset) * d[..., None] + m[..., None]
+    return w.reshape(blocks.shape[0], -1)
+
+
+def quantize(weight: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
+    """`weight` [out, in] as rows of `fmt` blocks (uint8 [out, in / 32 * block bytes]).
+
+    The scales are rounded to fp16 before the values are quantized against them, so that each
+    value is within half a step of what the stored blocks decode to (q4_0 keeps ggml's choice
+    of the scale: the value of largest magnitude maps to -8).
+    """
+    out, cols = weight.shape
+    row_bytes(fmt, cols)
+    x = weight.detach().float().reshape(out, -1, QK)
+    if fmt.name == "q8_0":
+        d = (x.abs().amax(-1) / 127).half().float()
+        q = torch.round(x / torch.where(d == 0, 1.0, d)[..., None]).clamp_(-127, 127)
+        body = q.to(torch.int8).view(torch.uint8)
+        return torch.cat([_as_bytes(d), body], dim=-1).reshape(out, -1)
+    if fmt.name == "q4_0":
+        idx = x.abs().argmax(-1, keepdim=True)
+        d = (x.gather(-1, idx).squeeze(-1) / -8).half().float()
+        u = torch.round(x / torch.where(d == 0, 1.0, d)[..., None] + 8).clamp_(0, 15)
+        header = _as_bytes(d)
+    else:
+        lo, hi = x.amin(-1), x.amax(-1)
+        d = ((hi - lo) / 15).half().float()
+        m = lo.half().float()
+        u = torch.round((x - m[..., None]) / torch.where(d == 0, 1.0, d)[..., None]).clamp_(0, 15)
+        header = torch.cat([_as_bytes(d), _as_bytes(m)], dim=-1)
+    u8 = u.to(torch.uint8)
+    body = u8[..., : QK // 2] | (u8[..., QK // 2 :] << 4)
+    return torch.cat([header, body], dim=-1).reshape(out, -1)
+
+
+def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [M, K] as the kernel's 8-bit blocks: (q int8 [M, K], d fp32 [M, K/32], s = d * sum(q))."""
+    rows = x.shape[0]
+    xb = x.float().reshape(rows, -1, QK)
+    d = xb.abs().amax(-1) / 127
+    inv = torch.where(d != 0, 1.0 / d, torch.zeros_like(d))
+    q = torch.round(xb * inv[..., None])
+    s = d * q.sum(-1)
+    return q.to(torch.int8).reshape(rows, -1), d, s
+
+
+def reference_linear(x: torch.Tensor, blocks: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
+    """The kernel's product in float64: the same integer block dot products, summed exactly."""
+    q, da, sa = quantize_activations(x)
+    values, dw, m = split_blocks(blocks, fmt)
+    rows = x.shape[0]
+    a = q.reshape(rows, -1, QK).double()
+    dots = torch.einsum("mbi,nbi->mnb", a, values.double())  # exact: integers below 2^53
+    scaled = (dots * da.double()[:, None, :] * dw.double()[None]).sum(-1)
+    corr = -8 * dw if fmt.name == "q4_0" else m
+    return scaled + sa.double() @ corr.double().T
