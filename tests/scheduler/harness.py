@@ -50,13 +50,15 @@ def _folder_stamp(path: str | None) -> tuple[tuple[str, int, int], ...]:
 def _cached_load_model(real: Callable[..., Any]) -> Callable[..., Any]:
     def load(model_path: str | None, model_config: Any, dtype: torch.dtype, device: torch.device,
              load_format: str = "auto", seed: int = 0, prepack: bool | None = None,
-             quantization: str | None = None, tp: Any = None) -> Any:
+             quantization: str | None = None, tp: Any = None, gguf_file: str | None = None) -> Any:
         if tp is not None or device.type != "cpu":  # a rank's part, or device memory: always fresh
-            return real(model_path, model_config, dtype, device, load_format, seed, prepack, quantization, tp)
+            return real(model_path, model_config, dtype, device, load_format, seed, prepack, quantization, tp,
+                        gguf_file)
         key = (model_path, _folder_stamp(model_path), repr(model_config), dtype, load_format, seed, prepack,
-               quantization)
+               quantization, gguf_file)
         if key not in _MODELS:
-            model = real(model_path, model_config, dtype, device, load_format, seed, prepack, quantization, tp)
+            model = real(model_path, model_config, dtype, device, load_format, seed, prepack, quantization, tp,
+                         gguf_file)
             # Building the model draws from torch's RNG, which sampling without a seed uses next:
             # a reused model leaves the RNG where a fresh load would.
             _MODELS[key] = (model, torch.get_rng_state())
