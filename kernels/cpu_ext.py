@@ -20,6 +20,7 @@ import torch
 NAME = "radixserve_cpu_kernels"
 SOURCES = [Path(__file__).parent / "csrc" / name
            for name in ("module.cpp", "decode_attention.cpp", "elementwise.cpp", "quant_gemm.cpp")]
+HEADERS = [Path(__file__).parent / "csrc" / "quant_gemm_groups.h"]  # included by the sources: in the key
 # -ffast-math: glibc declares its vector exp (libmvec) only under it; without it every score's
 # exp is a scalar call, which was most of the kernel's time. The kernel has no inf/nan inputs.
 CFLAGS = ["-O3", "-fopenmp", "-ffast-math"]
@@ -38,7 +39,7 @@ def cflags(march: str) -> list[str]:
 def build_key(cpu: str, march: str = "native") -> str:
     """The build folder's name for these sources, this torch, `march` and the CPU described by `cpu`."""
     digest = hashlib.sha256()
-    for src in SOURCES:
+    for src in [*SOURCES, *HEADERS]:
         digest.update(src.read_bytes())
     digest.update(" ".join([torch.__version__, *cflags(march), cpu]).encode())
     return f"{NAME}-{digest.hexdigest()[:16]}"

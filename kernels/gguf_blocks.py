@@ -9,6 +9,10 @@ lays it out, little-endian:
 where byte j of the nibbles holds value j in its low nibble and value j + 16 in its high one.
 The rows are a uint8 tensor [out, in / 32 * block bytes], exactly the bytes of a GGUF tensor.
 
+Our kernels read the rows interleaved by 8 (`interleave_rows`: the same bytes reordered, so that
+per group of 8 rows and per block the 8 fp16 scales come first, then q4_1's 8 minimums, then the
+8 rows' values; rows padded with zero blocks to a multiple of 8).
+
 `quantize_activations` is the activation side of the kernel (kernels/csrc/quant_gemm.cpp):
 per block of 32, d = max|x| / 127, q = round-half-even(x * (1 / d)), s = d * sum(q); and
 `reference_linear` computes the kernel's sum in float64 from the same integers.
@@ -21,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 QK = 32  # values per block in every format here
+GROUP_ROWS = 8  # rows interleaved per group for the kernels (interleave_rows)
 
 
 @dataclass(frozen=True)
@@ -135,3 +140,32 @@ def reference_linear(x: torch.Tensor, blocks: torch.Tensor, fmt: BlockFormat) ->
     scaled = (dots * da.double()[:, None, :] * dw.double()[None]).sum(-1)
     corr = -8 * dw if fmt.name == "q4_0" else m
     return scaled + sa.double() @ corr.double().T
+
+
+def interleave_rows(blocks: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
+    """Rows of blocks [out, bytes] -> groups of 8 rows [ceil(out / 8), 8 * bytes], the kernels' layout."""
+    pad = -blocks.shape[0] % GROUP_ROWS
+    if pad:
+        blocks = torch.cat([blocks, blocks.new_zeros(pad, blocks.shape[1])])
+    groups = blocks.shape[0] // GROUP_ROWS
+    g = blocks.view(groups, GROUP_ROWS, -1, fmt.block_bytes).permute(0, 2, 1, 3)  # [G, nb, 8, block]
+    fields = [g[..., 0:2]]  # the scales
+    if fmt.name == "q4_1":
+        fields.append(g[..., 2:4])  # the minimums
+    fields.append(g[..., fmt.header_bytes:])  # the values
+    nb = g.shape[1]
+    return torch.cat([f.reshape(groups, nb, -1) for f in fields], dim=-1).reshape(groups, -1).contiguous()
+
+
+def deinterleave_rows(grouped: torch.Tensor, fmt: BlockFormat, rows: int) -> torch.Tensor:
+    """The inverse of `interleave_rows`: the first `rows` rows of blocks [rows, bytes]."""
+    groups = grouped.shape[0]
+    g = grouped.view(groups, -1, GROUP_ROWS * fmt.block_bytes)  # [G, nb, group-block]
+    nb = g.shape[1]
+    header = GROUP_ROWS * fmt.header_bytes
+    fields = [g[..., : 2 * GROUP_ROWS].reshape(groups, nb, GROUP_ROWS, 2)]
+    if fmt.name == "q4_1":
+        fields.append(g[..., 2 * GROUP_ROWS : header].reshape(groups, nb, GROUP_ROWS, 2))
+    fields.append(g[..., header:].reshape(groups, nb, GROUP_ROWS, -1))
+    blocks = torch.cat(fields, dim=-1).permute(0, 2, 1, 3).reshape(groups * GROUP_ROWS, -1)
+    return blocks[:rows].contiguous()

@@ -20,7 +20,7 @@ from types import ModuleType
 import torch
 import torch.nn.functional as F
 
-from kernels.gguf_blocks import BlockFormat, dequantize, row_bytes
+from kernels.gguf_blocks import BlockFormat, deinterleave_rows, dequantize, interleave_rows, row_bytes
 from kernels.linear import Linear, LinearMethod
 
 ISA_CODES = {"avx2": 0, "avx512": 1}
@@ -34,7 +34,8 @@ HEAD_MIN_OUTPUTS = 16384
 
 
 class BlockQuantLinearMethod(LinearMethod):
-    """x @ W^T (+ bias) from W's blocks [out, in / 32 * block bytes] (uint8)."""
+    """x @ W^T (+ bias) from W's blocks, given as rows [out, in / 32 * block bytes] (uint8) and
+    held interleaved by 8 rows (`gguf_blocks.interleave_rows`, the kernels' layout)."""
 
     full_precision = False
 
@@ -44,26 +45,33 @@ class BlockQuantLinearMethod(LinearMethod):
         if blocks.dtype != torch.uint8 or tuple(blocks.shape) != expected:
             got = f"{blocks.dtype} {list(blocks.shape)}"
             raise ValueError(f"{fmt.name} blocks must be uint8 {list(expected)}, got {got}")
-        self.blocks = blocks.contiguous()
+        self.grouped = interleave_rows(blocks, fmt)
         self.fmt = fmt
         self.in_features = in_features
+        self.out_features = blocks.shape[0]
         self.kernels = kernels
         self.isa_code = ISA_CODES[isa]
-        self.int_max_rows = HEAD_INT_MAX_ROWS if blocks.shape[0] >= HEAD_MIN_OUTPUTS else INT_MAX_ROWS
+        self.int_max_rows = HEAD_INT_MAX_ROWS if self.out_features >= HEAD_MIN_OUTPUTS else INT_MAX_ROWS
 
     @property
     def nbytes(self) -> int:
-        return self.blocks.numel()
+        return self.grouped.numel()
+
+    def row_blocks(self) -> torch.Tensor:
+        """The weight's blocks as rows again (a copy, for inspection and tests)."""
+        return deinterleave_rows(self.grouped, self.fmt, self.out_features)
 
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).contiguous()
         y: torch.Tensor
         if self.kernels is None:
-            y = F.linear(rows, dequantize(self.blocks, self.fmt).to(x.dtype), layer.bias)
+            y = F.linear(rows, dequantize(self.row_blocks(), self.fmt).to(x.dtype), layer.bias)
         elif rows.shape[0] <= self.int_max_rows:
-            y = self.kernels.quant_linear(rows, self.blocks, self.fmt.code, self.isa_code, layer.bias)
+            y = self.kernels.quant_linear(rows, self.grouped, self.fmt.code, self.isa_code, self.out_features,
+                                          layer.bias)
         else:
-            weight = self.kernels.dequantize_blocks(self.blocks, self.fmt.code, self.in_features, rows.dtype)
+            weight = self.kernels.dequantize_blocks(self.grouped, self.fmt.code, self.in_features, self.out_features,
+                                                    rows.dtype)
             y = torch.ops.mkldnn._linear_pointwise(rows, weight, layer.bias, "none", [], "")
         return y.reshape(*x.shape[:-1], y.shape[-1])
 

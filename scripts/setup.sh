@@ -23,7 +23,7 @@ STAMP="$VENV/.radixserve-setup"
 cd "$ROOT"
 
 # The C++ kernels are built here too, so their sources count (kernels/cpu_ext.py names them).
-want="$(cat pyproject.toml scripts/setup.sh scripts/venv_common.sh kernels/cpu_ext.py kernels/csrc/*.cpp | sha256sum | cut -d' ' -f1)"
+want="$(cat pyproject.toml scripts/setup.sh scripts/venv_common.sh kernels/cpu_ext.py kernels/csrc/*.cpp kernels/csrc/*.h | sha256sum | cut -d' ' -f1)"
 if [[ -x "$VENV/bin/python" && -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]]; then
     exit 0
 fi

@@ -33,14 +33,14 @@ DTYPES: dict[str, torch.dtype] = {
 # The CPU flags (as /proc/cpuinfo spells them) that decide the dtype and the kernels.
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 FP16_FLAGS = ("avx512_fp16", "amx_fp16")
-REPORTED_FLAGS = ("avx2", "avx512f", "avx512bw", *BF16_FLAGS, *FP16_FLAGS)
+REPORTED_FLAGS = ("avx2", "avx512f", "avx512bw", "avx512_vnni", *BF16_FLAGS, *FP16_FLAGS)
 
 # RADIXSERVE_CPU_CAPABILITY values: what each claims the CPU has.
 OVERRIDES: dict[str, tuple[str, frozenset[str]]] = {
     "avx2": ("avx2", frozenset({"avx2"})),
-    "avx512": ("avx512", frozenset({"avx2", "avx512f", "avx512bw"})),
-    "avx512_bf16": ("avx512", frozenset({"avx2", "avx512f", "avx512bw", "avx512_bf16"})),
-    "amx": ("avx512", frozenset({"avx2", "avx512f", "avx512bw", "avx512_bf16", "amx_bf16"})),
+    "avx512": ("avx512", frozenset({"avx2", "avx512f", "avx512bw", "avx512_vnni"})),
+    "avx512_bf16": ("avx512", frozenset({"avx2", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16"})),
+    "amx": ("avx512", frozenset({"avx2", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_bf16"})),
 }
 
 # oneDNN ISA caps (ONEDNN_MAX_CPU_ISA) below which bf16 (fp16) is not native. Unset or ALL: no cap.
@@ -73,9 +73,10 @@ class CpuCapability:
     @property
     def block_kernel_isa(self) -> str:
         """The variant of our quantized-block kernels to run (kernels/csrc/quant_gemm.cpp): its
-        AVX-512 one needs AVX-512 BW (byte multiply-adds) and torch dispatching to AVX-512 (so
-        that an emulated AVX2 run, ATEN_CPU_CAPABILITY=avx2, runs the AVX2 variant)."""
-        return "avx512" if self.isa == "avx512" and "avx512bw" in self.flags else "avx2"
+        AVX-512 one needs AVX-512 VNNI (byte dot products; BW and VL come with it on every CPU
+        that has it) and torch dispatching to AVX-512 (so that an emulated AVX2 run,
+        ATEN_CPU_CAPABILITY=avx2, runs the AVX2 variant)."""
+        return "avx512" if self.isa == "avx512" and {"avx512bw", "avx512_vnni"} <= self.flags else "avx2"
 
     def describe(self) -> str:
         """One line for logs: 'avx512 (avx2 avx512f avx512_bf16; detected)'."""

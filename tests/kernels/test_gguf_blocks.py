@@ -52,3 +52,17 @@ def test_bad_shapes_are_refused() -> None:
         gb.quantize(torch.randn(4, 40), gb.FORMATS["q8_0"])
     with pytest.raises(ValueError, match="unknown block format"):
         gb.block_format("q5_k")
+
+
+@pytest.mark.parametrize("name", list(gb.FORMATS))
+@pytest.mark.parametrize("rows", [1, 8, 13])
+def test_rows_interleave_by_eight_and_back(name: str, rows: int) -> None:
+    fmt = gb.FORMATS[name]
+    blocks = gb.quantize(torch.randn(rows, 64), fmt)
+    grouped = gb.interleave_rows(blocks, fmt)
+    groups = -(-rows // gb.GROUP_ROWS)
+    assert tuple(grouped.shape) == (groups, gb.GROUP_ROWS * blocks.shape[1])
+    # Group 0, block 0 starts with the 8 rows' scales (fp16, padding rows 0).
+    scales = grouped[0, : 2 * gb.GROUP_ROWS].view(torch.float16)[: min(rows, 8)]
+    assert torch.equal(scales, blocks[: min(rows, 8), :2].contiguous().view(torch.float16).squeeze(-1))
+    assert torch.equal(gb.deinterleave_rows(grouped, fmt, rows), blocks)

@@ -48,7 +48,7 @@ def test_products_equal_the_reference(kernels, isa: str, name: str, m: int, n: i
     x = torch.randn(m, k, generator=gen)
     blocks = gb.quantize(torch.randn(n, k, generator=gen) * 0.05, fmt)
     want = gb.reference_linear(x, blocks, fmt)
-    got = kernels.quant_linear(x, blocks, fmt.code, ISA_CODES[isa])
+    got = kernels.quant_linear(x, gb.interleave_rows(blocks, fmt), fmt.code, ISA_CODES[isa], n)
     assert got.dtype == torch.float32 and got.shape == (m, n)
     assert _relative(got, want) < 2e-6
 
@@ -59,10 +59,11 @@ def test_bf16_activations_bias_and_empty_batches(kernels, isa: str) -> None:
     x = torch.randn(6, 96).bfloat16()
     blocks = gb.quantize(torch.randn(10, 96), fmt)
     bias = torch.randn(10)
-    got = kernels.quant_linear(x, blocks, fmt.code, ISA_CODES[isa], bias)
+    grouped = gb.interleave_rows(blocks, fmt)
+    got = kernels.quant_linear(x, grouped, fmt.code, ISA_CODES[isa], 10, bias)
     want = gb.reference_linear(x.float(), blocks, fmt) + bias.double()
     assert got.dtype == torch.bfloat16 and _relative(got, want) < 1e-2  # one bf16 rounding
-    assert kernels.quant_linear(x[:0], blocks, fmt.code, ISA_CODES[isa]).shape == (0, 10)
+    assert kernels.quant_linear(x[:0], grouped, fmt.code, ISA_CODES[isa], 10).shape == (0, 10)
 
 
 def test_the_variants_agree_closely(kernels) -> None:
@@ -70,16 +71,17 @@ def test_the_variants_agree_closely(kernels) -> None:
         pytest.skip("this CPU runs only the AVX2 variant")
     fmt = gb.FORMATS["q4_0"]
     x, blocks = torch.randn(7, 576), gb.quantize(torch.randn(40, 576), fmt)
-    a, b = (kernels.quant_linear(x, blocks, fmt.code, ISA_CODES[isa]) for isa in ISAS)
+    grouped = gb.interleave_rows(blocks, fmt)
+    a, b = (kernels.quant_linear(x, grouped, fmt.code, ISA_CODES[isa], 40) for isa in ISAS)
     assert _relative(a, b.double()) < 2e-6
 
 
 def test_malformed_blocks_are_refused(kernels) -> None:
     fmt = gb.FORMATS["q8_0"]
-    with pytest.raises(RuntimeError, match="bytes per row"):
-        kernels.quant_linear(torch.randn(1, 64), torch.zeros(3, 10, dtype=torch.uint8), fmt.code, 0)
+    with pytest.raises(RuntimeError, match="rows grouped by 8"):
+        kernels.quant_linear(torch.randn(1, 64), torch.zeros(1, 10, dtype=torch.uint8), fmt.code, 0, 3)
     with pytest.raises(RuntimeError, match="multiple of 32"):
-        kernels.quant_linear(torch.randn(1, 40), torch.zeros(3, 34, dtype=torch.uint8), fmt.code, 0)
+        kernels.quant_linear(torch.randn(1, 40), torch.zeros(1, 272, dtype=torch.uint8), fmt.code, 0, 3)
 
 
 def test_a_layer_runs_from_its_blocks_alone(kernels) -> None:
@@ -104,7 +106,7 @@ def test_a_layer_runs_from_its_blocks_alone(kernels) -> None:
 def test_tall_calls_decode_the_blocks_for_the_blas(kernels, dtype: torch.dtype) -> None:
     fmt = gb.FORMATS["q4_0"]
     blocks = gb.quantize(torch.randn(24, 96), fmt)
-    decoded = kernels.dequantize_blocks(blocks, fmt.code, 96, dtype)
+    decoded = kernels.dequantize_blocks(gb.interleave_rows(blocks, fmt), fmt.code, 96, 24, dtype)
     assert decoded.dtype == dtype and torch.equal(decoded, gb.dequantize(blocks, fmt).to(dtype))
     layer = Linear(96, 24)
     install(layer, blocks, fmt, kernels, "avx2")

@@ -46,7 +46,7 @@ def test_the_embedded_q4_1_file_runs_from_its_blocks(default_model_path: str) ->
     assert isinstance(head.method, BlockQuantLinearMethod) and head.method.fmt.name == "q8_0"  # token_embd's
     # The q rows, decoded from the blocks in our order, are the converted folder's q_proj (which
     # transformers' GGUF reader dequantized and stored in bf16).
-    q_rows = gb.dequantize(qkv.method.blocks[: model.config.hidden_size], qkv.method.fmt)
+    q_rows = gb.dequantize(qkv.method.row_blocks()[: model.config.hidden_size], qkv.method.fmt)
     with safe_open(str(Path(default_model_path) / "model.safetensors"), "pt") as f:
         folder = f.get_tensor("model.layers.3.self_attn.q_proj.weight").float()
     assert torch.allclose(q_rows, folder, rtol=1 / 128, atol=1e-6)
