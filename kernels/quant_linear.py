@@ -7,7 +7,12 @@ depends on its rows (measured on both kinds of CPU, docs/benchmarks.md):
 - more rows (prefill, large batches): the product is compute-bound, and the BLAS (oneDNN)
   multiplies faster than our integer tiles; the kernel decodes the blocks into a transient
   weight in the activation dtype (C++, vectorized), which oneDNN then multiplies. The decoded
-  weight lives for the one call.
+  weight lives for the one call. (Rounding the activations through the kernel's 8-bit blocks
+  and multiplying fp32 weights would give the kernel's products, but costs 2.5x the prefill
+  time, and buys no equality: 8-bit activations turn any difference in the order of fp32 sums
+  into a whole rounding step somewhere, so a cached prefix or a chunk boundary can flip a
+  near-tie with either path. The full-precision defaults keep that equality; llama.cpp, which
+  quantizes its activations too, does not have it either.)
 The integer kernel runs in the variant chosen for this CPU (runtime/execution/device.py
 `block_kernel_isa`). Without the built kernels (a warning was logged at start) the blocks are
 dequantized per call by the torch reference: correct and slow.

@@ -20,6 +20,7 @@ from runtime.execution.device import DTYPES, dtype_name, resolve_attention_backe
 from runtime.execution.gguf_model import ensure_gguf_folder, is_gguf_path
 from runtime.parallel.sharding import check_shardable
 from runtime.support.default_model import ensure_default_model
+from runtime.support.default_model import gguf_path as default_gguf_path
 
 logger = logging.getLogger("radixserve.setup")
 
@@ -36,6 +37,8 @@ def resolve_config(config: ServerConfig) -> ServerConfig:
     load_format = config.load_format
     gguf_file = config.gguf_file
     device = resolve_device(config.device)
+    if model_path is None and load_format == "gguf":  # the default model from the file it ships as
+        model_path = str(default_gguf_path())
     if model_path is None:
         model_path = ensure_default_model()
     elif load_format == "gguf" or is_gguf_path(model_path):

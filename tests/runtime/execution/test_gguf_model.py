@@ -57,6 +57,7 @@ def test_embedded_gguf_serves_like_the_default_model(
     again = resolve_config(ServerConfig(model_path=source, load_format="gguf"))
     assert again.model_path == resolved.model_path  # converted once
     assert again.load_format == "gguf" and again.gguf_file == source
+    assert resolve_config(ServerConfig(load_format="gguf")).gguf_file == source  # the default model's file
     with pytest.raises(InvalidRequest, match="no --quantization") as info:
         resolve_config(ServerConfig(model_path=source, load_format="gguf", quantization="q8_0"))
     assert info.value.param == "quantization"
