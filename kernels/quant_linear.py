@@ -1,7 +1,7 @@
 """A linear whose weight lives only as GGUF blocks (q8_0, q4_0, q4_1): `BlockQuantLinearMethod`.
 
 The layer keeps no full-precision copy: `install` drops its weight. How a call meets the blocks
-depends on its rows (measured on both kinds of CPU, docs/benchmarks.md):
+depends on its rows (measured on the AVX-512 machine, docs/benchmarks.md; not yet on an AVX2 one):
 - up to `int_max_rows` rows (decode): our C++ kernel (kernels/csrc/quant_gemm.cpp) multiplies
   8-bit activation blocks with the weight blocks in integers, streaming the blocks once;
 - more rows (prefill, large batches): the product is compute-bound, and the BLAS (oneDNN)
@@ -32,7 +32,8 @@ ISA_CODES = {"avx2": 0, "avx512": 1}
 # Rows up to which the integer kernel beats decoding the blocks for the BLAS: 8 for the decoder's
 # linears (576-3072 outputs); an output head of a whole vocabulary costs more to decode than to
 # multiply at a few dozen rows, so it stays on the integer kernel up to 64 (measured, bf16 and
-# fp32, on the AVX-512 machine; the AVX2 one's BLAS is half as fast, which favours the kernel).
+# fp32, on the AVX-512 machine; an AVX2 CPU's BLAS has half the vector width, which should move
+# both crossovers up, not yet measured there).
 INT_MAX_ROWS = 8
 HEAD_INT_MAX_ROWS = 64
 HEAD_MIN_OUTPUTS = 16384
