@@ -32,7 +32,8 @@ WORKLOAD_TITLES = {
     "agents": "agents 8x4 turns, chat",
 }
 NOISY_FRACTION = 0.05  # other processes' share of the machine's CPU above which a run is flagged
-CPU_FLAGS_OF_INTEREST = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile")
+CPU_FLAGS_OF_INTEREST = ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_bf16",
+                         "amx_tile")
 
 # What is kept from each vLLM result file (the per-request arrays stay in the raw file).
 KEPT_METRICS = (
@@ -443,7 +444,8 @@ def cmd_report(args: argparse.Namespace) -> None:
         json.dump(report, f, indent=2)
         f.write("\n")
     flags = " ".join(k for k, v in cpu["flags"].items() if v) or "none of interest"
-    print(f"\nCPU: {cpu.get('Model name', 'unknown')}, {cpu['nproc']} cores, flags: {flags}")
+    family = f" (family {cpu['CPU family']} model {cpu.get('Model', '?')})" if "CPU family" in cpu else ""
+    print(f"\nCPU: {cpu.get('Model name', 'unknown')}{family}, {cpu['nproc']} cores, flags: {flags}")
     print("Versions: " + "; ".join(f"{k} {v}" for k, v in versions.items()))
     print()
     print(table)
