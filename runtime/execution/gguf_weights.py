@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import re
 from collections import Counter
-from collections.abc import Iterator
 from types import ModuleType
 
 import numpy as np
@@ -28,6 +27,7 @@ from kernels.gguf_blocks import FORMATS, BlockFormat
 from kernels.linear import Linear
 from kernels.quant_linear import BlockQuantLinearMethod
 from runtime.models import CausalLM
+from runtime.models.base import FUSED_SHARDS  # the fused layers and the order of their parts' rows
 
 logger = logging.getLogger("radixserve.setup")
 
@@ -39,9 +39,6 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
 }
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-# The fused layers and the order of their parts' rows (runtime/models/base.py's FUSED_SHARDS).
-_FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
-          "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
 
 
 def hf_name(gguf_name: str) -> str:
@@ -93,24 +90,26 @@ def load_gguf(model: CausalLM, gguf_file: str, kernels: ModuleType | None, isa: 
     blocks: dict[str, list[tuple[int, str, torch.Tensor]]] = {}  # layer -> (part, format, rows)
     dense: dict[str, torch.Tensor] = {}
     dequantized: list[str] = []
+    embedding_blocks: tuple[int, str, torch.Tensor] | None = None  # the token embedding's, in a kept format
     for tensor in reader.tensors:
         name = hf_name(tensor.name)
         kind = tensor.tensor_type.name
-        if kind in KEPT_TYPES and name.endswith(".weight") and name != "model.embed_tokens.weight":
+        if kind in KEPT_TYPES and name == "model.embed_tokens.weight":
+            embedding_blocks = (0, KEPT_TYPES[kind], torch.from_numpy(np.array(tensor.data, dtype=np.uint8)))
+        elif kind in KEPT_TYPES and name.endswith(".weight"):
             rows = _rows_for(name, torch.from_numpy(np.array(tensor.data, dtype=np.uint8)), model, arch)
             layer, part = _layer_part(name)
             blocks.setdefault(layer, []).append((part, KEPT_TYPES[kind], rows))
             continue
-        if kind not in ("F32", "F16", "BF16") and name != "model.embed_tokens.weight":
+        elif kind not in ("F32", "F16", "BF16") and name != "model.embed_tokens.weight":
             dequantized.append(f"{tensor.name} ({kind})")
-        dense[name] = _rows_for(name, _dequantized(tensor), model, arch)
+        dense[name] = _rows_for(name, _dequantized(tensor), model, arch)  # the embedding lookup's table too
     if dequantized:
         logger.info("GGUF tensors in formats our kernels lack, dequantized once: %s", ", ".join(dequantized))
-    tied = model.config.tie_word_embeddings
-    if tied and "lm_head" not in blocks and "model.embed_tokens.weight" in dense:
-        _tie_head_blocks(reader, blocks)
+    if model.config.tie_word_embeddings and "lm_head" not in blocks and embedding_blocks is not None:
+        blocks["lm_head"] = [embedding_blocks]  # computes from the token embedding's blocks, as llama.cpp
     _install_blocks(model, blocks, dense, kernels, isa)
-    model.load_weights(_dense_items(dense, tied))
+    model.load_weights(dense.items())  # a tied head's lm_head.weight, if any, is skipped there
     kept = [m.method for m in model.modules() if isinstance(m, Linear) and isinstance(m.method, BlockQuantLinearMethod)]
     counts = Counter(method.fmt.name for method in kept)
     logger.info("%s: %d linears run from their blocks (%s; %.0f MB), the %s kernel variant", gguf_file, len(kept),
@@ -122,18 +121,10 @@ def _layer_part(name: str) -> tuple[str, int]:
     """The module that computes with `name` and its part (row block) in it."""
     module = name.removesuffix(".weight")
     prefix, _, leaf = module.rpartition(".")
-    if leaf in _FUSED:
-        fused, part = _FUSED[leaf]
+    if leaf in FUSED_SHARDS:
+        fused, part = FUSED_SHARDS[leaf]
         return f"{prefix}.{fused}", part
     return module, 0
-
-
-def _tie_head_blocks(reader: object, blocks: dict[str, list[tuple[int, str, torch.Tensor]]]) -> None:
-    """A tied head computes from the token embedding's blocks when they are in a kept format."""
-    for tensor in reader.tensors:  # type: ignore[attr-defined]
-        if tensor.name == "token_embd.weight" and tensor.tensor_type.name in KEPT_TYPES:
-            rows = torch.from_numpy(np.array(tensor.data, dtype=np.uint8))
-            blocks["lm_head"] = [(0, KEPT_TYPES[tensor.tensor_type.name], rows)]
 
 
 def _install_blocks(model: CausalLM, blocks: dict[str, list[tuple[int, str, torch.Tensor]]],
@@ -157,14 +148,7 @@ def _install_blocks(model: CausalLM, blocks: dict[str, list[tuple[int, str, torc
 
 def _part_name(layer: str, part: int) -> str:
     prefix, _, fused = layer.rpartition(".")
-    for leaf, (name, index) in _FUSED.items():
+    for leaf, (name, index) in FUSED_SHARDS.items():
         if name == fused and index == part:
             return f"{prefix}.{leaf}.weight"
     return f"{layer}.weight"
-
-
-def _dense_items(dense: dict[str, torch.Tensor], tied: bool) -> Iterator[tuple[str, torch.Tensor]]:
-    for name, value in dense.items():
-        if tied and name == "lm_head.weight":
-            continue
-        yield name, value
