@@ -36,11 +36,23 @@ constexpr int QK = 32;  // values per block, in every format here
 enum Format : int { Q8_0 = 0, Q4_0 = 1, Q4_1 = 2 };
 enum Isa : int { AVX2 = 0, AVX512 = 1 };
 
+constexpr int GROUP_ROWS = 8;  // rows interleaved per group (kernels/gguf_blocks.py GROUP_ROWS)
+
+// Per format: a block's bytes (q8_0: fp16 d, int8 q[32]; q4_0: fp16 d, 32 nibbles, low nibbles
+// values 0-15, high 16-31; q4_1: fp16 d, fp16 m, 32 nibbles), the values' bytes per row-block,
+// and a group-block's header (the 8 rows' fp16 scales, and for q4_1 their 8 fp16 minimums).
+template <int F>
+struct Layout {
+  static constexpr int value_bytes = F == Q8_0 ? QK : QK / 2;
+  static constexpr int block_bytes = (F == Q4_1 ? 4 : 2) + value_bytes;
+  static constexpr int group_header = (F == Q4_1 ? 4 : 2) * GROUP_ROWS;
+};
+
 int block_bytes(int fmt) {
   switch (fmt) {
-    case Q8_0: return 2 + QK;      // fp16 d, int8 q[32]
-    case Q4_0: return 2 + QK / 2;  // fp16 d, 32 nibbles: low nibbles are values 0-15, high 16-31
-    case Q4_1: return 4 + QK / 2;  // fp16 d, fp16 m, 32 nibbles
+    case Q8_0: return Layout<Q8_0>::block_bytes;
+    case Q4_0: return Layout<Q4_0>::block_bytes;
+    case Q4_1: return Layout<Q4_1>::block_bytes;
     default: TORCH_CHECK(false, "unknown block format ", fmt);
   }
 }
@@ -83,16 +95,6 @@ __attribute__((optimize("no-fast-math"))) void quantize_row(const float* x, int6
 template <typename T>
 inline void store_out(T* dst, float v) { *dst = static_cast<T>(v); }
 
-constexpr int GROUP_ROWS = 8;  // rows interleaved per group (kernels/gguf_blocks.py GROUP_ROWS)
-
-// Per format: a block's bytes, the values' bytes per row-block, and a group-block's header (the
-// 8 rows' fp16 scales, and for q4_1 their 8 fp16 minimums).
-template <int F>
-struct Layout {
-  static constexpr int block_bytes = F == Q8_0 ? 34 : F == Q4_0 ? 18 : 20;
-  static constexpr int value_bytes = F == Q8_0 ? 32 : 16;
-  static constexpr int group_header = F == Q4_1 ? 32 : 16;
-};
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
@@ -203,7 +205,7 @@ void dequantize_row(const uint8_t* group, int j, int64_t nblocks, T* out) {
   for (int64_t b = 0; b < nblocks; ++b) {
     const uint8_t* p = group + b * GB;
     const float d = c10::detail::fp16_ieee_to_fp32_value(load_u16(p + 2 * j));
-    const float m = F == Q4_1 ? c10::detail::fp16_ieee_to_fp32_value(load_u16(p + 16 + 2 * j)) : 0.0f;
+    const float m = F == Q4_1 ? c10::detail::fp16_ieee_to_fp32_value(load_u16(p + 2 * GROUP_ROWS + 2 * j)) : 0.0f;
     const uint8_t* qs = p + Layout<F>::group_header + j * Layout<F>::value_bytes;
     float v[QK];
     if constexpr (F == Q8_0) {

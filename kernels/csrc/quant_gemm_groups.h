@@ -61,7 +61,7 @@ void group_rows(const uint8_t* g, int64_t nblocks, const ActBlock* a, float out[
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     __m256 c = _mm256_setzero_ps();  // each row's weight against s_a: -8 d (q4_0), m (q4_1)
     if constexpr (F == Q4_0) c = _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
-    if constexpr (F == Q4_1) c = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)));
+    if constexpr (F == Q4_1) c = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * GROUP_ROWS)));
     const uint8_t* qs = p + Layout<F>::group_header;
     __m256i w[GROUP_ROWS];
 #pragma GCC unroll 8
