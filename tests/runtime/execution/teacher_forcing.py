@@ -47,3 +47,11 @@ def greedy_and_scored(engine: StaticBatch, prompts: list[list[int]],
             scored[i].argmax.append(seq.output[-1])
     engine.release(seqs)
     return [seq.output for seq in seqs], scored
+
+
+def drift_and_agreement(ours: list[Scored], bases: list[Scored], answers: list[list[int]]) -> tuple[list[float], int]:
+    """Per prompt, how far the answers' mean per-token log-prob moved from the reference's
+    (nats/token); and at how many positions our argmax is the reference token."""
+    drift = [abs(sum(o.logprobs) - sum(b.logprobs)) / len(o.logprobs) for o, b in zip(ours, bases)]
+    agree = sum(a == t for o, ref in zip(ours, answers) for a, t in zip(o.argmax, ref))
+    return drift, agree

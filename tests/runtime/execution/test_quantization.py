@@ -28,7 +28,7 @@ import pytest
 import kernels.linear
 from kernels.linear import DENSE, Int8LinearMethod
 from runtime.execution.static_batch import StaticBatch
-from tests.runtime.execution.teacher_forcing import greedy_and_scored, score
+from tests.runtime.execution.teacher_forcing import drift_and_agreement, greedy_and_scored, score
 
 pytestmark = pytest.mark.slow
 
@@ -70,8 +70,7 @@ def test_int8_meets_the_accuracy_bar(default_model_path: str, default_tokenizer,
     # (<= INT8_MAX_ROWS) and goes through it: 4 linears a layer (qkv, o, gate_up, down).
     assert len(prompts) <= kernels.linear.INT8_MAX_ROWS
     assert counter.calls >= 4 * len(int8.runner.model.model.layers) * (NEW_TOKENS - 1)
-    drift = [abs(sum(o.logprobs) - sum(b.logprobs)) / NEW_TOKENS for o, b in zip(ours, bases)]
-    agree = sum(a == t for o, ref in zip(ours, references) for a, t in zip(o.argmax, ref))
+    drift, agree = drift_and_agreement(ours, bases, references)
     positions = len(prompts) * NEW_TOKENS
     print(f"{dtype}: drift per prompt {[round(d, 4) for d in drift]}, argmax agreement {agree}/{positions}")
     assert sum(drift) / len(drift) <= DRIFT_BAR, drift
