@@ -11,7 +11,8 @@ The rows are a uint8 tensor [out, in / 32 * block bytes], exactly the bytes of a
 
 Our kernels read the rows interleaved by 8 (`interleave_rows`: the same bytes reordered, so that
 per group of 8 rows and per block the 8 fp16 scales come first, then q4_1's 8 minimums, then the
-8 rows' values; rows padded with zero blocks to a multiple of 8).
+8 rows' value bytes in chunks of 4: bytes 0-3 of rows 0..7, then bytes 4-7 of rows 0..7, ...;
+rows padded with zero blocks to a multiple of 8).
 
 `quantize_activations` is the activation side of the kernel (kernels/csrc/quant_gemm.cpp):
 per block of 32, d = max|x| / 127, q = round-half-even(x * (1 / d)), s = d * sum(q); and
@@ -152,8 +153,9 @@ def interleave_rows(blocks: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
     fields = [g[..., 0:2]]  # the scales
     if fmt.name == "q4_1":
         fields.append(g[..., 2:4])  # the minimums
-    fields.append(g[..., fmt.header_bytes:])  # the values
     nb = g.shape[1]
+    values = g[..., fmt.header_bytes:].reshape(groups, nb, GROUP_ROWS, -1, 4)  # [G, nb, 8, chunk, 4]
+    fields.append(values.transpose(2, 3))  # per chunk of 4 bytes, the 8 rows' bytes
     return torch.cat([f.reshape(groups, nb, -1) for f in fields], dim=-1).reshape(groups, -1).contiguous()
 
 
@@ -166,6 +168,7 @@ def deinterleave_rows(grouped: torch.Tensor, fmt: BlockFormat, rows: int) -> tor
     fields = [g[..., : 2 * GROUP_ROWS].reshape(groups, nb, GROUP_ROWS, 2)]
     if fmt.name == "q4_1":
         fields.append(g[..., 2 * GROUP_ROWS : header].reshape(groups, nb, GROUP_ROWS, 2))
-    fields.append(g[..., header:].reshape(groups, nb, GROUP_ROWS, -1))
+    values = g[..., header:].reshape(groups, nb, -1, GROUP_ROWS, 4).transpose(2, 3)  # [G, nb, 8, chunk, 4]
+    fields.append(values.reshape(groups, nb, GROUP_ROWS, -1))
     blocks = torch.cat(fields, dim=-1).permute(0, 2, 1, 3).reshape(groups * GROUP_ROWS, -1)
     return blocks[:rows].contiguous()

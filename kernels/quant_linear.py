@@ -1,21 +1,22 @@
 """A linear whose weight lives only as GGUF blocks (q8_0, q4_0, q4_1): `BlockQuantLinearMethod`.
 
-The layer keeps no full-precision copy: `install` drops its weight. How a call meets the blocks
-depends on its rows (measured on the AVX-512 machine, docs/benchmarks.md; not yet on an AVX2 one):
-- up to `int_max_rows` rows (decode): our C++ kernel (kernels/csrc/quant_gemm.cpp) multiplies
-  8-bit activation blocks with the weight blocks in integers, streaming the blocks once;
-- more rows (prefill, large batches): the product is compute-bound, and the BLAS (oneDNN)
-  multiplies faster than our integer tiles; the kernel decodes the blocks into a transient
-  weight in the activation dtype (C++, vectorized), which oneDNN then multiplies. The decoded
-  weight lives for the one call. (Rounding the activations through the kernel's 8-bit blocks
-  and multiplying fp32 weights would give the kernel's products, but costs 2.5x the prefill
-  time, and buys no equality: 8-bit activations turn any difference in the order of fp32 sums
-  into a whole rounding step somewhere, so a cached prefix or a chunk boundary can flip a
-  near-tie with either path. The full-precision defaults keep that equality; llama.cpp, which
-  quantizes its activations too, does not have it either.)
-The integer kernel runs in the variant chosen for this CPU (runtime/execution/device.py
+The layer keeps no full-precision copy: `install` drops its weight. Every call, decode row or
+prefill chunk, goes through our C++ kernel (kernels/csrc/quant_gemm.cpp), which quantizes each
+activation row to 8-bit blocks and multiplies them with the weight blocks in integers. Measured
+on the AVX-512 machine (docs/benchmarks.md, `scripts/bench_quant_linear.py`), it is faster than
+decoding the blocks into a transient weight for oneDNN at every row count from 1 to 512, and
+level with oneDNN on a packed bf16 weight at 64-512 rows.
+
+One kernel for every row count also makes a row's output independent of the call it is in: the
+row's activation blocks depend on that row alone, the integer sums are exact, and the fp32 sums
+over blocks run in one order for every row, tile and thread split. So a quantized model gives the
+same logits for a token whether its prompt was prefilled whole, in chunks, or from a cached
+prefix, and whatever else shares the batch (tests/kernels/test_quant_linear.py holds the kernel
+to that bit for bit).
+
+The kernel runs in the variant chosen for this CPU (runtime/execution/device.py
 `block_kernel_isa`). Without the built kernels (a warning was logged at start) the blocks are
-dequantized per call by the torch reference: correct and slow.
+dequantized per call by the torch reference: correct and slow, and without that independence.
 """
 
 from __future__ import annotations
@@ -29,14 +30,6 @@ from kernels.gguf_blocks import BlockFormat, deinterleave_rows, dequantize, inte
 from kernels.linear import Linear, LinearMethod
 
 ISA_CODES = {"avx2": 0, "avx512": 1}
-# Rows up to which the integer kernel beats decoding the blocks for the BLAS: 8 for the decoder's
-# linears (576-3072 outputs); an output head of a whole vocabulary costs more to decode than to
-# multiply at a few dozen rows, so it stays on the integer kernel up to 64 (measured, bf16 and
-# fp32, on the AVX-512 machine; an AVX2 CPU's BLAS has half the vector width, which should move
-# both crossovers up, not yet measured there).
-INT_MAX_ROWS = 8
-HEAD_INT_MAX_ROWS = 64
-HEAD_MIN_OUTPUTS = 16384
 
 
 class BlockQuantLinearMethod(LinearMethod):
@@ -57,7 +50,6 @@ class BlockQuantLinearMethod(LinearMethod):
         self.out_features = blocks.shape[0]
         self.kernels = kernels
         self.isa_code = ISA_CODES[isa]
-        self.int_max_rows = HEAD_INT_MAX_ROWS if self.out_features >= HEAD_MIN_OUTPUTS else INT_MAX_ROWS
 
     @property
     def nbytes(self) -> int:
@@ -72,13 +64,9 @@ class BlockQuantLinearMethod(LinearMethod):
         y: torch.Tensor
         if self.kernels is None:
             y = F.linear(rows, dequantize(self.row_blocks(), self.fmt).to(x.dtype), layer.bias)
-        elif rows.shape[0] <= self.int_max_rows:
+        else:
             y = self.kernels.quant_linear(rows, self.grouped, self.fmt.code, self.isa_code, self.out_features,
                                           layer.bias)
-        else:
-            weight = self.kernels.dequantize_blocks(self.grouped, self.fmt.code, self.in_features, self.out_features,
-                                                    rows.dtype)
-            y = torch.ops.mkldnn._linear_pointwise(rows, weight, layer.bias, "none", [], "")
         return y.reshape(*x.shape[:-1], y.shape[-1])
 
 

@@ -58,23 +58,29 @@ def bench_hf(model: torch.nn.Module, prompts: list[list[int]], output_len: int, 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model-path", default=None, help="HF folder; default: the embedded SmolLM2-135M-Instruct")
-    parser.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
+    parser.add_argument("--load-format", default="auto", choices=["auto", "gguf", "dummy"],
+                        help="gguf: run a .gguf's blocks (default: the embedded model's Q4_1 file); implies --skip-hf")
     parser.add_argument("--batch-size", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                         help="auto: the server's default for this CPU")
-    parser.add_argument("--quantization", default="none", choices=["none", "int8"])
+    parser.add_argument("--quantization", default="none", choices=["none", "int8", "q8_0", "q4_0", "q4_1"])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-hf", action="store_true", help="only measure radixserve")
     parser.add_argument("--output", default="results/bench_one_batch.jsonl")
     args = parser.parse_args()
 
     model_path = args.model_path
-    if model_path is None:
+    if model_path is None and args.load_format == "gguf":
+        from runtime.support.default_model import gguf_path
+
+        model_path = str(gguf_path())
+    elif model_path is None:
         from runtime.support.default_model import ensure_default_model
 
         model_path = ensure_default_model()
+    args.skip_hf = args.skip_hf or args.load_format == "gguf"
     max_batch = max(args.batch_size)
     tokens = max_batch * (args.input_len + args.output_len + 16)
     ours = StaticBatch.create(

@@ -1,7 +1,7 @@
 // Linears on GGUF's block-quantized weights (q8_0, q4_0, q4_1), computed from the blocks as they
 // are stored: y[M, N] = x[M, K] @ W[N, K]^T (+ bias), W held as N rows of K/32 blocks, the rows
 // interleaved by 8 at load (kernels/gguf_blocks.py interleave_rows: the same bytes, reordered so
-// that 8 rows' scales sit together; see quant_gemm_groups.h).
+// that 8 rows' scales sit together and 8 rows' values share each vector; quant_gemm_groups.h).
 //
 // How activations meet the weights (ggml's way, chosen by measurement, docs/benchmarks.md): each
 // row of x is quantized once per call to 8-bit blocks of 32 (scale d = max|x| / 127, q =
@@ -70,28 +70,6 @@ uint16_t load_u16(const uint8_t* p) {
   return v;
 }
 
-// Plain scalar code on purpose: the scale and the rounding must equal the torch reference's
-// (kernels/gguf_blocks.py quantize_activations) bit for bit, whatever the compiler vectorizes.
-// The build's -ffast-math would turn `amax / 127` into a multiply by 1/127 (not the same
-// float), hence the attribute.
-__attribute__((optimize("no-fast-math"))) void quantize_row(const float* x, int64_t k, ActBlock* out) {
-  for (int64_t b = 0; b < k / QK; ++b) {
-    const float* xb = x + b * QK;
-    float amax = 0.0f;
-    for (int i = 0; i < QK; ++i) amax = std::max(amax, std::fabs(xb[i]));
-    const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    int sum = 0;
-    for (int i = 0; i < QK; ++i) {
-      const int q = static_cast<int>(std::nearbyint(xb[i] * id));
-      out[b].q[i] = static_cast<int8_t>(q);
-      sum += q;
-    }
-    out[b].d = d;
-    out[b].s = d * static_cast<float>(sum);
-  }
-}
-
 template <typename T>
 inline void store_out(T* dst, float v) { *dst = static_cast<T>(v); }
 
@@ -133,8 +111,10 @@ std::vector<ActBlock> quantize_activations(const torch::Tensor& x) {
   const int64_t m = xf.size(0), k = xf.size(1), nblocks = k / QK;
   std::vector<ActBlock> act(static_cast<size_t>(m * nblocks));
   const float* src = xf.data_ptr<float>();
-  at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) quantize_row(src + r * k, k, act.data() + r * nblocks);
+  // AVX2's variant for both: the AVX-512 kernels read the same blocks (the values are the same
+  // either way, bit for bit).
+  at::parallel_for(0, m, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) avx2::quantize_row(src + r * k, k, act.data() + r * nblocks);
   });
   return act;
 }
@@ -197,61 +177,6 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> quantize_q8_rows(const t
   return {q, d, s};
 }
 
-// Row j of a group decoded into out (fp32, or bf16 rounded to nearest even). Plain loops: they
-// are memory-bound, and -O3 vectorizes them for the build's CPU.
-template <int F, typename T>
-void dequantize_row(const uint8_t* group, int j, int64_t nblocks, T* out) {
-  constexpr int GB = GROUP_ROWS * Layout<F>::block_bytes;
-  for (int64_t b = 0; b < nblocks; ++b) {
-    const uint8_t* p = group + b * GB;
-    const float d = c10::detail::fp16_ieee_to_fp32_value(load_u16(p + 2 * j));
-    const float m = F == Q4_1 ? c10::detail::fp16_ieee_to_fp32_value(load_u16(p + 2 * GROUP_ROWS + 2 * j)) : 0.0f;
-    const uint8_t* qs = p + Layout<F>::group_header + j * Layout<F>::value_bytes;
-    float v[QK];
-    if constexpr (F == Q8_0) {
-      for (int i = 0; i < QK; ++i) v[i] = d * static_cast<float>(static_cast<int8_t>(qs[i]));
-    } else {
-      const float offset = F == Q4_0 ? 8.0f : 0.0f;
-      for (int i = 0; i < QK / 2; ++i) {
-        v[i] = d * (static_cast<float>(qs[i] & 0x0F) - offset) + m;
-        v[i + QK / 2] = d * (static_cast<float>(qs[i] >> 4) - offset) + m;
-      }
-    }
-    for (int i = 0; i < QK; ++i) out[b * QK + i] = static_cast<T>(v[i]);
-  }
-}
-
-template <typename T>
-void dequantize_rows(int fmt, const uint8_t* w, int64_t group_bytes, int64_t n, int64_t nblocks, T* out) {
-  at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const uint8_t* group = w + (r / GROUP_ROWS) * group_bytes;
-      const int j = static_cast<int>(r % GROUP_ROWS);
-      T* dst = out + r * nblocks * QK;
-      switch (fmt) {
-        case Q8_0: dequantize_row<Q8_0>(group, j, nblocks, dst); break;
-        case Q4_0: dequantize_row<Q4_0>(group, j, nblocks, dst); break;
-        default: dequantize_row<Q4_1>(group, j, nblocks, dst); break;
-      }
-    }
-  });
-}
-
-// W [N, K] decoded from its grouped blocks, in `dtype` (fp32 or bf16): the weight of the batched
-// calls, which hand it to the BLAS (kernels/quant_linear.py says when).
-torch::Tensor dequantize_blocks(const torch::Tensor& w, int64_t fmt, int64_t k, int64_t n, torch::ScalarType dtype) {
-  check_blocks(w, fmt, k, n);
-  TORCH_CHECK(dtype == torch::kFloat || dtype == torch::kBFloat16, "dtype must be fp32 or bf16");
-  torch::Tensor out = torch::empty({n, k}, torch::TensorOptions().dtype(dtype));
-  const uint8_t* wp = w.data_ptr<uint8_t>();
-  if (dtype == torch::kFloat) {
-    dequantize_rows(static_cast<int>(fmt), wp, w.size(1), n, k / QK, out.data_ptr<float>());
-  } else {
-    dequantize_rows(static_cast<int>(fmt), wp, w.size(1), n, k / QK, out.data_ptr<c10::BFloat16>());
-  }
-  return out;
-}
-
 }  // namespace
 
 void register_quant_gemm(pybind11::module& m) {
@@ -260,7 +185,4 @@ void register_quant_gemm(pybind11::module& m) {
         pybind11::arg("x"), pybind11::arg("blocks"), pybind11::arg("fmt"), pybind11::arg("isa"),
         pybind11::arg("out_features"), pybind11::arg("bias") = pybind11::none());
   m.def("quantize_q8_rows", &quantize_q8_rows, "the activation blocks quant_linear uses: (q, d, s)");
-  m.def("dequantize_blocks", &dequantize_blocks, "W [N, K] decoded from its GGUF blocks, fp32 or bf16",
-        pybind11::arg("blocks"), pybind11::arg("fmt"), pybind11::arg("in_features"), pybind11::arg("out_features"),
-        pybind11::arg("dtype"));
 }

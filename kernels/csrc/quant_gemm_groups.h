@@ -5,81 +5,152 @@
 // int32 (_mm256_maddubs_epi16, _mm256_madd_epi16); VNNI does both in one _mm256_dpbusd_epi32.
 //
 // The weight layout (kernels/gguf_blocks.py interleave_rows): rows in groups of 8, and per group
-// and block the 8 rows' fp16 scales (and q4_1's 8 minimums) first, then the 8 rows' values. So
-// one load and one conversion give the 8 rows' scales as a vector, and the 8 rows' integer sums
-// are gathered into one vector (a tree of horizontal adds) before one scaled multiply-add: per
-// block, the scalar work is per group, not per row.
+// and block the 8 rows' fp16 scales (and q4_1's 8 minimums) first, then the values in chunks of
+// 4 bytes per row: chunk c holds bytes 4c..4c+3 of row 0, then of row 1, ... of row 7. So one
+// 32-byte load holds 4 values of each of the 8 rows, lane r of a vector is row r, and a dot
+// product against the activation's matching 4 values broadcast to every lane adds into row r's
+// lane directly: no horizontal reduction anywhere (ggml's repacked 8-row layouts work this way).
+// A q4 byte holds two values (low nibble j, high nibble j + 16), so a q4 chunk is two chunks of
+// values: 4c..4c+3 and 16+4c..16+4c+3.
 
-// The block's 32 values as bytes: unsigned nibbles for q4 formats, signed int8 for q8_0.
-template <int F>
-inline __m256i load_values(const uint8_t* qs) {
-  if constexpr (F == Q8_0) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs));
-  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  const __m256i both = _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed);
-  return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+// One row of activations to 8-bit blocks: per block of 32, d = max|x| / 127, q =
+// round-half-even(x * (1 / d)), s = d * sum(q). Vectorized, and equal bit for bit to the torch
+// reference (kernels/gguf_blocks.py quantize_activations): the two divisions are scalar IEEE
+// ones (the build's -ffast-math would turn `amax / 127` into a multiply by 1/127, not the same
+// float, hence the attribute), the product is one IEEE multiply per value and the rounding
+// _mm256_round_ps's nearest-even. A NaN is skipped by the maximum as std::max(amax, x) skips it.
+__attribute__((optimize("no-fast-math"))) inline void quantize_row(const float* x, int64_t k, ActBlock* out) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  // q0[0..3] q1[0..3] q2[0..3] q3[0..3] | q0[4..7] ... after the two packs, per 4-byte lane.
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int64_t b = 0; b < k / QK; ++b) {
+    const float* xb = x + b * QK;
+    __m256 v[4];
+    __m256 amax = _mm256_setzero_ps();
+    for (int i = 0; i < 4; ++i) {
+      v[i] = _mm256_loadu_ps(xb + 8 * i);
+      amax = _mm256_max_ps(_mm256_andnot_ps(sign, v[i]), amax);
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float d = _mm_cvtss_f32(m4) / 127.0f;
+    const __m256 id = _mm256_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
+    __m256i q[4];
+    __m256i sum = _mm256_setzero_si256();
+    for (int i = 0; i < 4; ++i) {
+      const __m256 r = _mm256_round_ps(_mm256_mul_ps(v[i], id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      q[i] = _mm256_cvtps_epi32(r);
+      sum = _mm256_add_epi32(sum, q[i]);
+    }
+    const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[b].q), _mm256_permutevar8x32_epi32(packed, order));
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+    out[b].d = d;
+    out[b].s = d * static_cast<float>(_mm_cvtsi128_si32(s4));
+  }
 }
 
-// Eight int32 partial sums of u . s (u unsigned, s signed bytes).
-inline __m256i dot_us(__m256i u, __m256i s) {
+// Integer partial sums of one group-block against one activation block, lane r for row r.
+// VNNI accumulates int32 directly. AVX2's maddubs gives int16 pair sums: q4 ones (at most
+// 2 * 15 * 127 = 3810 each) add eight deep in int16 without saturating (30480 < 2^15) before one
+// madd widens them; q8_0's (up to 2 * 128 * 127) must widen every time.
+template <int F>
+inline __m256i dot_add(__m256i acc, __m256i u, __m256i s) {
 #if RS_VNNI
-  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+  return _mm256_dpbusd_epi32(acc, u, s);
 #else
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+  if constexpr (F == Q8_0) return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+  return _mm256_add_epi16(acc, _mm256_maddubs_epi16(u, s));
 #endif
 }
 
 template <int F>
-inline __m256i dot_block(__m256i w, __m256i a) {
-  if constexpr (F == Q8_0) return dot_us(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));  // |w| . a*sign(w)
-  return dot_us(w, a);
+inline __m256i dot_finish(__m256i acc) {
+#if RS_VNNI
+  return acc;
+#else
+  if constexpr (F == Q8_0) return acc;
+  return _mm256_madd_epi16(acc, _mm256_set1_epi16(1));
+#endif
 }
 
-// Lane r of the result = the sum of p[r]'s eight lanes.
-inline __m256i sum_each(const __m256i p[GROUP_ROWS]) {
-  const __m256i u0 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-  const __m256i u1 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
-  return _mm256_add_epi32(_mm256_permute2x128_si256(u0, u1, 0x20), _mm256_permute2x128_si256(u0, u1, 0x31));
+// The 4 activation values at q, in every lane.
+inline __m256i broadcast4(const int8_t* q) {
+  int32_t v;
+  std::memcpy(&v, q, 4);
+  return _mm256_set1_epi32(v);
 }
+
+// Independent integer accumulators per activation row. vpdpbusd adds into its destination, so
+// one accumulator chains every dot of a block through the instruction's latency; at one
+// activation row that chain, not memory, bounded the kernel (measured: 4 chains made a one-row
+// call 1.5-2x faster). AVX2's chain is a one-cycle add, so one is enough there.
+template <int MR>
+constexpr int chains() { return RS_VNNI ? (MR == 1 ? 4 : 2) : 1; }
 
 // out[m][r] = row r of the group (at g) times activation row m, for MR activation rows.
 template <int F, int MR>
 void group_rows(const uint8_t* g, int64_t nblocks, const ActBlock* a, float out[MR][GROUP_ROWS]) {
   constexpr int GB = GROUP_ROWS * Layout<F>::block_bytes;
+  constexpr int CHUNKS = Layout<F>::value_bytes / 4;
+  constexpr int A = chains<MR>();
   __m256 acc[MR];
-  __m256 corr[MR];
 #pragma GCC unroll 4
-  for (int m = 0; m < MR; ++m) {
-    acc[m] = _mm256_setzero_ps();
-    corr[m] = _mm256_setzero_ps();
-  }
+  for (int m = 0; m < MR; ++m) acc[m] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nblocks; ++b) {
     const uint8_t* p = g + b * GB;
     // The next group's same block, a group ahead: decode streams every weight once, and the
     // hardware prefetcher alone left the kernel at half the memory's bandwidth.
-    _mm_prefetch(reinterpret_cast<const char*>(p + nblocks * GB), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(p + nblocks * GB + 64), _MM_HINT_T0);
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    __m256 c = _mm256_setzero_ps();  // each row's weight against s_a: -8 d (q4_0), m (q4_1)
-    if constexpr (F == Q4_0) c = _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
-    if constexpr (F == Q4_1) c = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * GROUP_ROWS)));
-    const uint8_t* qs = p + Layout<F>::group_header;
-    __m256i w[GROUP_ROWS];
 #pragma GCC unroll 8
-    for (int r = 0; r < GROUP_ROWS; ++r) w[r] = load_values<F>(qs + r * Layout<F>::value_bytes);
+    for (int line = 0; line < GB; line += 64) _mm_prefetch(reinterpret_cast<const char*>(p + nblocks * GB + line), _MM_HINT_T0);
+    const uint8_t* qs = p + Layout<F>::group_header;
+    __m256i sums[MR][A];
+#pragma GCC unroll 4
+    for (int m = 0; m < MR; ++m)
+#pragma GCC unroll 4
+      for (int i = 0; i < A; ++i) sums[m][i] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int c = 0; c < CHUNKS; ++c) {
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * c));
+      if constexpr (F == Q8_0) {
+        const __m256i magnitude = _mm256_sign_epi8(raw, raw);  // |w| . a*sign(w) = w . a, u8 x s8
+#pragma GCC unroll 4
+        for (int m = 0; m < MR; ++m) {
+          const __m256i av = broadcast4(a[m * nblocks + b].q + 4 * c);
+          sums[m][c % A] = dot_add<F>(sums[m][c % A], magnitude, _mm256_sign_epi8(av, raw));
+        }
+      } else {
+        const __m256i nibble = _mm256_set1_epi8(0x0F);
+        const __m256i low = _mm256_and_si256(raw, nibble);
+        const __m256i high = _mm256_and_si256(_mm256_srli_epi16(raw, 4), nibble);
+#pragma GCC unroll 4
+        for (int m = 0; m < MR; ++m) {
+          const int8_t* aq = a[m * nblocks + b].q;
+          sums[m][2 * c % A] = dot_add<F>(sums[m][2 * c % A], low, broadcast4(aq + 4 * c));
+          sums[m][(2 * c + 1) % A] = dot_add<F>(sums[m][(2 * c + 1) % A], high, broadcast4(aq + QK / 2 + 4 * c));
+        }
+      }
+    }
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    __m256 corr = _mm256_setzero_ps();  // each row's weight against s_a: -8 d (q4_0), m (q4_1)
+    if constexpr (F == Q4_0) corr = _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
+    if constexpr (F == Q4_1) corr = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * GROUP_ROWS)));
 #pragma GCC unroll 4
     for (int m = 0; m < MR; ++m) {
       const ActBlock& ab = a[m * nblocks + b];
-      const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab.q));
-      __m256i sums[GROUP_ROWS];
-#pragma GCC unroll 8
-      for (int r = 0; r < GROUP_ROWS; ++r) sums[r] = dot_block<F>(w[r], av);
-      const __m256 dots = _mm256_cvtepi32_ps(sum_each(sums));
+      __m256i sum = sums[m][0];
+#pragma GCC unroll 4
+      for (int i = 1; i < A; ++i) sum = _mm256_add_epi32(sum, sums[m][i]);
+      const __m256 dots = _mm256_cvtepi32_ps(dot_finish<F>(sum));
       acc[m] = _mm256_fmadd_ps(dots, _mm256_mul_ps(d, _mm256_set1_ps(ab.d)), acc[m]);
-      if constexpr (F != Q8_0) corr[m] = _mm256_fmadd_ps(c, _mm256_set1_ps(ab.s), corr[m]);
+      if constexpr (F != Q8_0) acc[m] = _mm256_fmadd_ps(corr, _mm256_set1_ps(ab.s), acc[m]);
     }
   }
 #pragma GCC unroll 4
-  for (int m = 0; m < MR; ++m) _mm256_storeu_ps(out[m], _mm256_add_ps(acc[m], corr[m]));
+  for (int m = 0; m < MR; ++m) _mm256_storeu_ps(out[m], acc[m]);
 }
 
 // Groups [g_begin, g_end) against every activation row, stored into y [M, n_total] (+ bias).
@@ -98,15 +169,19 @@ void groups_into(const uint8_t* w, int64_t nblocks, const ActBlock* act, int64_t
   }
 }
 
-// Threads split the groups; each walks its groups for activation rows four at a time (a slice of
-// 4 groups is 4-8 KB of weights, which stays in L1 while the activation rows pass it).
+// Threads split the groups; each walks them in slices of about 12 KB of weights (4 groups of a
+// 576-wide row, 1 of a 1536-wide one), which stay in L1 while the activation rows pass them four
+// at a time (measured: 4 groups of the 1536-wide down projection, 31 KB, made 16 rows 2x the
+// time of 16 one-row calls' worth of arithmetic).
 template <int F, typename T>
 void gemm(const uint8_t* w, int64_t n_total, const ActBlock* act, int64_t nblocks, int64_t m_total, const float* bias,
           T* y) {
   const int64_t groups = (n_total + GROUP_ROWS - 1) / GROUP_ROWS;
-  at::parallel_for(0, groups, 4, [&](int64_t begin, int64_t end) {
-    for (int64_t gs = begin; gs < end; gs += 4) {
-      const int64_t ge = std::min(end, gs + 4);
+  const int64_t group_bytes = nblocks * GROUP_ROWS * Layout<F>::block_bytes;
+  const int64_t slice = std::clamp<int64_t>((12 << 10) / group_bytes, 1, 8);
+  at::parallel_for(0, groups, slice, [&](int64_t begin, int64_t end) {
+    for (int64_t gs = begin; gs < end; gs += slice) {
+      const int64_t ge = std::min(end, gs + slice);
       int64_t m = 0;
       for (; m + 4 <= m_total; m += 4) groups_into<F, 4>(w, nblocks, act, m, gs, ge, n_total, bias, y);
       if (m + 2 <= m_total) {
