@@ -8,11 +8,13 @@
 // round-to-nearest-even(x / d), and s = d * sum(q)), and each weight block meets each activation
 // block through an exact integer dot product (u8 x s8 multiply-adds), scaled once per block pair
 // in fp32:
-//   q8_0 (w = d_w * q):        d_w * d_a * sum(q * a)
+//   q8_0 (w = d_w * q):        d_w * d_a * sum(q * a)   (AVX2: |q| . a * sign(q))
+//                              d_w * d_a * sum((q + 128) * a) - 128 * d_w * s_a   (VNNI)
 //   q4_0 (w = d_w * (u - 8)):  d_w * d_a * sum(u * a) - 8 * d_w * s_a
 //   q4_1 (w = d_w * u + m_w):  d_w * d_a * sum(u * a) + m_w * s_a
-// The integer sums never saturate: |a| <= 127 and u <= 15 (q4) or |q| <= 127 (q8_0: ggml's and
-// our quantizers both clamp to +-127), so a pair of products is at most 2 * 127 * 127 < 2^15.
+// The integer sums never overflow: |a| <= 127 and u <= 15 (q4) or |q| <= 127 (q8_0: ggml's and
+// our quantizers both clamp to +-127), so an AVX2 pair of products is at most 2 * 127 * 127 <
+// 2^15; VNNI adds its u8 x s8 products straight into int32.
 //
 // One build serves both CPUs: quant_gemm_groups.h is compiled twice, for AVX2 and for AVX-512
 // VNNI, under target pragmas, and the caller (kernels/quant_linear.py, from

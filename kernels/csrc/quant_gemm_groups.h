@@ -115,7 +115,12 @@ void group_rows(const uint8_t* g, int64_t nblocks, const ActBlock* a, float out[
 #pragma GCC unroll 8
     for (int c = 0; c < CHUNKS; ++c) {
       const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * c));
-      if constexpr (F == Q8_0) {
+      if constexpr (F == Q8_0 && RS_VNNI) {
+        const __m256i shifted = _mm256_xor_si256(raw, _mm256_set1_epi8(static_cast<char>(0x80)));  // q + 128, u8
+#pragma GCC unroll 4
+        for (int m = 0; m < MR; ++m)
+          sums[m][c % A] = dot_add<F>(sums[m][c % A], shifted, broadcast4(a[m * nblocks + b].q + 4 * c));
+      } else if constexpr (F == Q8_0) {
         const __m256i magnitude = _mm256_sign_epi8(raw, raw);  // |w| . a*sign(w) = w . a, u8 x s8
 #pragma GCC unroll 4
         for (int m = 0; m < MR; ++m) {
@@ -135,8 +140,12 @@ void group_rows(const uint8_t* g, int64_t nblocks, const ActBlock* a, float out[
       }
     }
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    __m256 corr = _mm256_setzero_ps();  // each row's weight against s_a: -8 d (q4_0), m (q4_1)
+    // Each row's weight against s_a: -8 d (q4_0), m (q4_1), -128 d (q8_0 with VNNI, whose u8 x s8
+    // product takes the values shifted to unsigned: a sign per activation row cost more).
+    constexpr bool CORRECTED = F != Q8_0 || RS_VNNI;
+    __m256 corr = _mm256_setzero_ps();
     if constexpr (F == Q4_0) corr = _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
+    if constexpr (F == Q8_0) corr = _mm256_mul_ps(d, _mm256_set1_ps(-128.0f));
     if constexpr (F == Q4_1) corr = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * GROUP_ROWS)));
 #pragma GCC unroll 4
     for (int m = 0; m < MR; ++m) {
@@ -146,7 +155,7 @@ void group_rows(const uint8_t* g, int64_t nblocks, const ActBlock* a, float out[
       for (int i = 1; i < A; ++i) sum = _mm256_add_epi32(sum, sums[m][i]);
       const __m256 dots = _mm256_cvtepi32_ps(dot_finish<F>(sum));
       acc[m] = _mm256_fmadd_ps(dots, _mm256_mul_ps(d, _mm256_set1_ps(ab.d)), acc[m]);
-      if constexpr (F != Q8_0) acc[m] = _mm256_fmadd_ps(corr, _mm256_set1_ps(ab.s), acc[m]);
+      if constexpr (CORRECTED) acc[m] = _mm256_fmadd_ps(corr, _mm256_set1_ps(ab.s), acc[m]);
     }
   }
 #pragma GCC unroll 4
