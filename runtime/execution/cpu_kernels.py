@@ -46,6 +46,11 @@ def kernels_march() -> str:
     return march
 
 
+def cpu_kernels_built() -> bool:
+    """Whether load_cpu_kernels would load them (without loading them into this process)."""
+    return env.get_bool("CPU_KERNELS", True) and cpu_ext.built_module(kernels_dir()) is not None
+
+
 @functools.cache
 def load_cpu_kernels() -> ModuleType | None:
     if not env.get_bool("CPU_KERNELS", True):

@@ -15,8 +15,16 @@ import torch
 from runtime.contracts.config import ServerConfig, read_model_json
 from runtime.contracts.errors import InvalidRequest
 from runtime.contracts.model_config import ModelConfig
+from runtime.execution.cpu_kernels import cpu_kernels_built
 from runtime.execution.cuda_graph import default_max_bs
-from runtime.execution.device import DTYPES, dtype_name, resolve_attention_backend, resolve_device, resolve_dtype
+from runtime.execution.device import (
+    DTYPES,
+    cpu_capability,
+    dtype_name,
+    resolve_attention_backend,
+    resolve_device,
+    resolve_dtype,
+)
 from runtime.execution.gguf_model import ensure_gguf_folder, is_gguf_path
 from runtime.parallel.sharding import check_shardable
 from runtime.support.default_model import ensure_default_model
@@ -30,6 +38,23 @@ CPU_DEFAULT_CHUNK = 512
 CUDA_DEFAULT_CHUNK = 2048
 
 
+def default_model_format(config: ServerConfig, device: torch.device) -> tuple[str, str]:
+    """How to load the default model when no model path and no load format are given: on CPU, from
+    the Q4_1 file it ships as, its linears run from their blocks by our kernels ("gguf"; faster than
+    full precision at every batch size measured, docs/benchmarks.md, at 0.002-0.010 nats/token of
+    log-prob drift), unless something asks for full precision or the kernels cannot run: a dtype
+    named (`--dtype float32|bfloat16`), a quantization, tensor parallelism, or no built kernels
+    (or no AVX2). Returns the load format and why, for the log."""
+    full = "full precision from its converted folder"
+    if device.type != "cpu":
+        return "auto", f"{full} ({device.type})"
+    if config.dtype != "auto" or config.quantization != "none" or config.tp_size > 1:
+        return "auto", f"{full} (--dtype, --quantization or --tp-size given)"
+    if cpu_capability().isa == "default" or not cpu_kernels_built():
+        return "auto", f"{full} (the quantized kernels cannot run here: no AVX2, or not built)"
+    return "gguf", "its shipped Q4_1 file's blocks, run by our kernels (full precision: --dtype float32 or bfloat16)"
+
+
 def resolve_config(config: ServerConfig) -> ServerConfig:
     """Turn every "auto"/None default into a concrete value (a new frozen config)."""
     model_path = config.model_path
@@ -37,9 +62,17 @@ def resolve_config(config: ServerConfig) -> ServerConfig:
     load_format = config.load_format
     gguf_file = config.gguf_file
     device = resolve_device(config.device)
-    if model_path is None and load_format == "gguf":  # the default model from the file it ships as
-        model_path = str(default_gguf_path())
+    if model_path is None and load_format == "auto":
+        load_format, why = default_model_format(config, device)
+        logger.info("the default model: %s", why)
     if model_path is None:
+        if load_format == "gguf" and device.type == "cpu":
+            # The default model from the file it ships as; its config and tokenizer from the
+            # folder converted from that same file.
+            gguf_file = str(default_gguf_path())
+        elif load_format == "gguf":
+            logger.info("load_format gguf runs the file's blocks on CPU only: serving its converted folder")
+            load_format = "auto"
         model_path = ensure_default_model()
     elif load_format == "gguf" or is_gguf_path(model_path):
         served_name = served_name or os.path.basename(model_path).removesuffix(".gguf")

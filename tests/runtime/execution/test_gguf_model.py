@@ -5,12 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from runtime.contracts.config import ServerConfig
 from runtime.contracts.errors import InvalidRequest
 from runtime.execution.gguf_model import ensure_gguf_folder, gguf_folder, is_gguf_path
-from runtime.execution.resolve import resolve_config
+from runtime.execution.resolve import default_model_format, resolve_config
 from runtime.support.default_model import gguf_path
+from tokenizer.server_state import served_model_name
 
 
 def test_is_gguf_path() -> None:
@@ -57,7 +59,6 @@ def test_embedded_gguf_serves_like_the_default_model(
     again = resolve_config(ServerConfig(model_path=source, load_format="gguf"))
     assert again.model_path == resolved.model_path  # converted once
     assert again.load_format == "gguf" and again.gguf_file == source
-    assert resolve_config(ServerConfig(load_format="gguf")).gguf_file == source  # the default model's file
     with pytest.raises(InvalidRequest, match="no --quantization") as info:
         resolve_config(ServerConfig(model_path=source, load_format="gguf", quantization="q8_0"))
     assert info.value.param == "quantization"
@@ -65,3 +66,26 @@ def test_embedded_gguf_serves_like_the_default_model(
     with safe_open(str(Path(resolved.model_path) / "model.safetensors"), "pt") as ours, \
             safe_open(str(Path(default_model_path) / "model.safetensors"), "pt") as default:
         assert ours.get_tensor(name).equal(default.get_tensor(name))
+
+
+def test_the_default_model_runs_its_shipped_blocks_on_cpu(default_model_path: str) -> None:
+    """No model path on CPU: the Q4_1 file's blocks, with the converted folder's config, tokenizer
+    and name; a dtype or a quantization asked for means full precision from that folder."""
+    for asked in ({}, {"load_format": "gguf"}):
+        resolved = resolve_config(ServerConfig(device="cpu", **asked))
+        assert resolved.load_format == "gguf" and resolved.gguf_file == str(gguf_path())
+        assert resolved.model_path == default_model_path
+        assert served_model_name(resolved) == "SmolLM2-135M-Instruct"
+    for asked in ({"dtype": "float32"}, {"dtype": "bfloat16"}, {"quantization": "int8"}):
+        full = resolve_config(ServerConfig(device="cpu", **asked))
+        assert full.load_format == "auto" and full.gguf_file is None and full.model_path == default_model_path
+
+
+def test_the_default_model_falls_back_to_full_precision(monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu = torch.device("cpu")
+    assert default_model_format(ServerConfig(), cpu)[0] == "gguf"
+    assert default_model_format(ServerConfig(tp_size=2), cpu)[0] == "auto"
+    assert default_model_format(ServerConfig(), torch.device("cuda"))[0] == "auto"
+    monkeypatch.setenv("RADIXSERVE_CPU_KERNELS", "0")  # the kernels off (or not built)
+    load_format, why = default_model_format(ServerConfig(), cpu)
+    assert load_format == "auto" and "kernels cannot run here" in why
