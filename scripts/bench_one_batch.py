@@ -81,7 +81,7 @@ def main() -> None:
 
         model_path = ensure_default_model()
     args.skip_hf = args.skip_hf or args.load_format == "gguf"
-    max_batch = max(args.batch_size)
+    max_batch = max(*args.batch_size, 2)  # the warm-up runs 2 rows
     tokens = max_batch * (args.input_len + args.output_len + 16)
     ours = StaticBatch.create(
         model_path, dtype=args.dtype, load_format=args.load_format, max_total_tokens=tokens,
