@@ -14,8 +14,11 @@
 // Built once at setup (scripts/setup.sh runs `python -m kernels.cpu_ext build`); never compiled
 // at run time. kernels/cpu_ext.py loads it and falls back to the torch path when it is absent.
 
-#include <torch/extension.h>
+#include "kernels.h"
+
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <c10/util/BFloat16.h>
 
 #include <cmath>
@@ -117,18 +120,22 @@ void decode_attention_impl(const T* q, const T* k_pool, const T* v_pool, const i
   });
 }
 
+}  // namespace
+
+namespace radixserve {
+
 // Returns (out [B, H, D], lse [B, H]).
-std::vector<torch::Tensor> decode_attention(torch::Tensor q, torch::Tensor k_pool, torch::Tensor v_pool,
-                                            torch::Tensor slots, torch::Tensor indptr, double scale) {
+std::vector<at::Tensor> decode_attention(at::Tensor q, at::Tensor k_pool, at::Tensor v_pool,
+                                            at::Tensor slots, at::Tensor indptr, double scale) {
   TORCH_CHECK(q.dim() == 3 && k_pool.dim() == 3 && v_pool.dim() == 3, "q [B,H,D], pools [S,KVH,D]");
   TORCH_CHECK(q.is_contiguous() && k_pool.is_contiguous() && v_pool.is_contiguous(), "contiguous inputs");
   TORCH_CHECK(k_pool.scalar_type() == q.scalar_type() && v_pool.scalar_type() == q.scalar_type(),
               "q and the pool must share a dtype");
-  TORCH_CHECK(slots.scalar_type() == torch::kInt64 && indptr.scalar_type() == torch::kInt64, "int64 indices");
+  TORCH_CHECK(slots.scalar_type() == at::kLong && indptr.scalar_type() == at::kLong, "int64 indices");
   const int64_t batch = q.size(0), heads = q.size(1), head_dim = q.size(2), kv_heads = k_pool.size(1);
   TORCH_CHECK(heads % kv_heads == 0 && k_pool.size(2) == head_dim && indptr.numel() == batch + 1, "shapes");
-  auto out = torch::empty_like(q);
-  auto lse = torch::empty({batch, heads}, q.options().dtype(torch::kFloat32));
+  auto out = at::empty_like(q);
+  auto lse = at::empty({batch, heads}, q.options().dtype(at::kFloat));
   auto slots_c = slots.contiguous(), indptr_c = indptr.contiguous();
   const float s = static_cast<float>(scale);
   const int64_t group = heads / kv_heads;
@@ -145,18 +152,13 @@ std::vector<torch::Tensor> decode_attention(torch::Tensor q, torch::Tensor k_poo
     else if (head_dim == 128) std::apply(decode_attention_impl<T, 128, 0>, args);
     else std::apply(decode_attention_impl<T, 0, 0>, args);
   };
-  if (q.scalar_type() == torch::kFloat32) {
+  if (q.scalar_type() == at::kFloat) {
     run(float{});
   } else {
-    TORCH_CHECK(q.scalar_type() == torch::kBFloat16, "fp32 or bf16 only");
+    TORCH_CHECK(q.scalar_type() == at::kBFloat16, "fp32 or bf16 only");
     run(c10::BFloat16{});
   }
   return {out, lse};
 }
 
-}  // namespace
-
-void register_decode_attention(pybind11::module& m) {
-  m.def("decode_attention", &decode_attention,
-        "paged decode attention over one layer of the KV pool: (out, lse)");
-}
+}  // namespace radixserve

@@ -8,8 +8,11 @@
 // residual sum in the activation dtype, the normalisation in fp32, rounded, then times the weight;
 // SiLU rounded to the activation dtype before the multiply.
 
-#include <torch/extension.h>
+#include "kernels.h"
+
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <c10/util/BFloat16.h>
 
 #include <cmath>
@@ -110,28 +113,32 @@ void rotary_impl(const T* x, int64_t row_stride, const T* table, T* out, int64_t
   });
 }
 
-void check_rows(const torch::Tensor& t, const char* what) {
+void check_rows(const at::Tensor& t, const char* what) {
   TORCH_CHECK(t.dim() == 2 && t.is_contiguous(), what, " must be a contiguous [rows, dim] tensor");
-  TORCH_CHECK(t.scalar_type() == torch::kFloat32 || t.scalar_type() == torch::kBFloat16, what,
+  TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16, what,
               ": fp32 or bf16 only");
 }
 
 // (norm(x + residual) * weight, x + residual), or (norm(x) * weight, x) without a residual.
-std::vector<torch::Tensor> rms_norm(torch::Tensor x, c10::optional<torch::Tensor> residual, torch::Tensor weight,
+}  // namespace
+
+namespace radixserve {
+
+std::vector<at::Tensor> rms_norm(at::Tensor x, c10::optional<at::Tensor> residual, at::Tensor weight,
                                     double eps) {
   check_rows(x, "x");
   TORCH_CHECK(weight.scalar_type() == x.scalar_type() && weight.numel() == x.size(1), "weight [dim], x's dtype");
-  auto out = torch::empty_like(x);
-  torch::Tensor summed = x;
+  auto out = at::empty_like(x);
+  at::Tensor summed = x;
   const bool has_residual = residual.has_value();
   if (has_residual) {
     check_rows(*residual, "residual");
     TORCH_CHECK(residual->sizes() == x.sizes() && residual->scalar_type() == x.scalar_type(), "residual like x");
-    summed = torch::empty_like(x);
+    summed = at::empty_like(x);
   }
   auto w = weight.contiguous();
   const float e = static_cast<float>(eps);
-  if (x.scalar_type() == torch::kFloat32) {
+  if (x.scalar_type() == at::kFloat) {
     rms_norm_impl<float>(x.data_ptr<float>(), has_residual ? residual->data_ptr<float>() : nullptr,
                          w.data_ptr<float>(), out.data_ptr<float>(),
                          has_residual ? summed.data_ptr<float>() : nullptr, x.size(0), x.size(1), e);
@@ -145,12 +152,12 @@ std::vector<torch::Tensor> rms_norm(torch::Tensor x, c10::optional<torch::Tensor
 }
 
 // gate_up [rows, 2 * inter] (gate then up) -> SiLU(gate) * up [rows, inter].
-torch::Tensor silu_mul(torch::Tensor gate_up) {
+at::Tensor silu_mul(at::Tensor gate_up) {
   check_rows(gate_up, "gate_up");
   TORCH_CHECK(gate_up.size(1) % 2 == 0, "gate_up has an odd width");
   const int64_t inter = gate_up.size(1) / 2;
-  auto out = torch::empty({gate_up.size(0), inter}, gate_up.options());
-  if (gate_up.scalar_type() == torch::kFloat32) {
+  auto out = at::empty({gate_up.size(0), inter}, gate_up.options());
+  if (gate_up.scalar_type() == at::kFloat) {
     silu_mul_impl<float>(gate_up.data_ptr<float>(), out.data_ptr<float>(), gate_up.size(0), inter);
   } else {
     silu_mul_impl<c10::BFloat16>(gate_up.data_ptr<c10::BFloat16>(), out.data_ptr<c10::BFloat16>(),
@@ -161,17 +168,17 @@ torch::Tensor silu_mul(torch::Tensor gate_up) {
 
 // x [T, H, D] (rows may be strided, e.g. the q/k columns of a fused qkv output), table [T, 2D]
 // (each token's cos, then sign-folded sin) -> the rotated x, contiguous [T, H, D].
-torch::Tensor rotary(torch::Tensor x, torch::Tensor table) {
+at::Tensor rotary(at::Tensor x, at::Tensor table) {
   TORCH_CHECK(x.dim() == 3 && x.stride(2) == 1 && x.stride(1) == x.size(2), "x [T, H, D] with contiguous heads");
   TORCH_CHECK(table.dim() == 2 && table.is_contiguous() && table.size(0) == x.size(0) &&
               table.size(1) == 2 * x.size(2) && x.size(2) % 2 == 0, "table [T, 2 * D], contiguous");
   TORCH_CHECK(table.scalar_type() == x.scalar_type(), "x and the table share a dtype");
-  auto out = torch::empty({x.size(0), x.size(1), x.size(2)}, x.options());
-  if (x.scalar_type() == torch::kFloat32) {
+  auto out = at::empty({x.size(0), x.size(1), x.size(2)}, x.options());
+  if (x.scalar_type() == at::kFloat) {
     rotary_impl<float>(x.data_ptr<float>(), x.stride(0), table.data_ptr<float>(), out.data_ptr<float>(),
                        x.size(0), x.size(1), x.size(2));
   } else {
-    TORCH_CHECK(x.scalar_type() == torch::kBFloat16, "fp32 or bf16 only");
+    TORCH_CHECK(x.scalar_type() == at::kBFloat16, "fp32 or bf16 only");
     using bf16 = c10::BFloat16;
     rotary_impl<bf16>(x.data_ptr<bf16>(), x.stride(0), table.data_ptr<bf16>(), out.data_ptr<bf16>(), x.size(0),
                       x.size(1), x.size(2));
@@ -179,11 +186,4 @@ torch::Tensor rotary(torch::Tensor x, torch::Tensor table) {
   return out;
 }
 
-}  // namespace
-
-void register_elementwise(pybind11::module& m) {
-  m.def("rotary", &rotary, "rotate_half rotary embedding of x [T, H, D] by a [T, 2D] cos/sin table");
-  m.def("rms_norm", &rms_norm, "(norm(x [+ residual]) * weight, x [+ residual]); fp32 math",
-        pybind11::arg("x"), pybind11::arg("residual"), pybind11::arg("weight"), pybind11::arg("eps"));
-  m.def("silu_mul", &silu_mul, "SiLU(gate) * up of a fused gate_up row block");
-}
+}  // namespace radixserve

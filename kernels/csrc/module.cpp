@@ -1,13 +1,20 @@
-// The Python module of our CPU kernels: one registration function per source file.
+// The Python module of our CPU kernels: every entry point of kernels.h, registered here, the one
+// file that includes <torch/extension.h> (pybind11 and torch's type casters).
 
 #include <torch/extension.h>
 
-void register_decode_attention(pybind11::module& m);
-void register_elementwise(pybind11::module& m);
-void register_quant_gemm(pybind11::module& m);
+#include "kernels.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  register_decode_attention(m);
-  register_elementwise(m);
-  register_quant_gemm(m);
+  using pybind11::arg;
+  m.def("decode_attention", &radixserve::decode_attention,
+        "paged decode attention over one layer of the KV pool: (out, lse)");
+  m.def("rotary", &radixserve::rotary, "rotate_half rotary embedding of x [T, H, D] by a [T, 2D] cos/sin table");
+  m.def("rms_norm", &radixserve::rms_norm, "(norm(x [+ residual]) * weight, x [+ residual]); fp32 math", arg("x"),
+        arg("residual"), arg("weight"), arg("eps"));
+  m.def("silu_mul", &radixserve::silu_mul, "SiLU(gate) * up of a fused gate_up row block");
+  m.def("quant_linear", &radixserve::quant_linear,
+        "x [M, K] @ W^T (+ bias) with W as rows of GGUF blocks (fmt 0 q8_0, 1 q4_0, 2 q4_1; isa 0 avx2, 1 avx512)",
+        arg("x"), arg("blocks"), arg("fmt"), arg("isa"), arg("out_features"), arg("bias") = pybind11::none());
+  m.def("quantize_q8_rows", &radixserve::quantize_q8_rows, "the activation blocks quant_linear uses: (q, d, s)");
 }

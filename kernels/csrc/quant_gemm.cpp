@@ -21,8 +21,10 @@
 // runtime/execution/device.py's reading of the CPU) picks one per call. Threads split the row
 // groups (torch's thread pool).
 
-#include <torch/extension.h>
+#include "kernels.h"
+
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
 #include <c10/util/BFloat16.h>
 #include <immintrin.h>
 
@@ -108,8 +110,8 @@ void gemm_format(int fmt, int isa, const uint8_t* w, int64_t n, const ActBlock* 
   }
 }
 
-std::vector<ActBlock> quantize_activations(const torch::Tensor& x) {
-  const torch::Tensor xf = x.to(torch::kFloat).contiguous();
+std::vector<ActBlock> quantize_activations(const at::Tensor& x) {
+  const at::Tensor xf = x.to(at::kFloat).contiguous();
   const int64_t m = xf.size(0), k = xf.size(1), nblocks = k / QK;
   std::vector<ActBlock> act(static_cast<size_t>(m * nblocks));
   const float* src = xf.data_ptr<float>();
@@ -123,10 +125,10 @@ std::vector<ActBlock> quantize_activations(const torch::Tensor& x) {
 
 // Checks the grouped blocks of an [n, k] weight (kernels/gguf_blocks.py interleave_rows):
 // [ceil(n / 8), k / 32 * 8 * block bytes] uint8.
-void check_blocks(const torch::Tensor& w, int64_t fmt, int64_t k, int64_t n) {
+void check_blocks(const at::Tensor& w, int64_t fmt, int64_t k, int64_t n) {
   TORCH_CHECK(fmt >= Q8_0 && fmt <= Q4_1, "unknown block format ", fmt);
   TORCH_CHECK(k > 0 && k % QK == 0, "in_features must be a positive multiple of ", QK, ", got ", k);
-  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kUInt8 && w.is_contiguous(),
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous(),
               "blocks must be a contiguous uint8 [row groups, bytes per group] tensor");
   const int64_t group_bytes = k / QK * GROUP_ROWS * block_bytes(static_cast<int>(fmt));
   TORCH_CHECK(w.size(0) == (n + GROUP_ROWS - 1) / GROUP_ROWS && w.size(1) == group_bytes, "blocks are [", w.size(0),
@@ -134,25 +136,29 @@ void check_blocks(const torch::Tensor& w, int64_t fmt, int64_t k, int64_t n) {
               (n + GROUP_ROWS - 1) / GROUP_ROWS, ", ", group_bytes, "] (rows grouped by 8)");
 }
 
+}  // namespace
+
+namespace radixserve {
+
 // y [M, N] = x [M, K] @ W^T (+ bias), W as N rows of GGUF blocks grouped by 8; y in x's dtype.
-torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& w, int64_t fmt, int64_t isa,
-                           int64_t out_features, const c10::optional<torch::Tensor>& bias) {
+at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, int64_t fmt, int64_t isa,
+                           int64_t out_features, const c10::optional<at::Tensor>& bias) {
   TORCH_CHECK(x.dim() == 2, "x must be [rows, in_features]");
-  TORCH_CHECK(x.scalar_type() == torch::kFloat || x.scalar_type() == torch::kBFloat16, "x must be fp32 or bf16");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "x must be fp32 or bf16");
   TORCH_CHECK(isa == AVX2 || isa == AVX512, "isa must be 0 (avx2) or 1 (avx512)");
   const int64_t k = x.size(1), m = x.size(0), n = out_features, nblocks = k / QK;
   check_blocks(w, fmt, k, n);
-  torch::Tensor bias_f;
+  at::Tensor bias_f;
   if (bias.has_value()) {
-    bias_f = bias->to(torch::kFloat).contiguous();
+    bias_f = bias->to(at::kFloat).contiguous();
     TORCH_CHECK(bias_f.numel() == n, "bias must have out_features values");
   }
   const float* bias_ptr = bias.has_value() ? bias_f.data_ptr<float>() : nullptr;
-  torch::Tensor y = torch::empty({m, n}, x.options());
+  at::Tensor y = at::empty({m, n}, x.options());
   if (m == 0) return y;
   const std::vector<ActBlock> act = quantize_activations(x);
   const uint8_t* wp = w.data_ptr<uint8_t>();
-  if (x.scalar_type() == torch::kFloat) {
+  if (x.scalar_type() == at::kFloat) {
     gemm_format(static_cast<int>(fmt), static_cast<int>(isa), wp, n, act.data(), nblocks, m, bias_ptr,
                 y.data_ptr<float>());
   } else {
@@ -164,13 +170,13 @@ torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& w, int64
 
 // The activation blocks quant_linear computes for x (fp32 [M, K]): (q int8 [M, K], d [M, K/32],
 // s [M, K/32]), for the tests that hold them to the torch reference bit for bit.
-std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> quantize_q8_rows(const torch::Tensor& x) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_q8_rows(const at::Tensor& x) {
   TORCH_CHECK(x.dim() == 2 && x.size(1) % QK == 0, "x must be [rows, a multiple of 32]");
   const int64_t m = x.size(0), nblocks = x.size(1) / QK;
   const std::vector<ActBlock> act = quantize_activations(x);
-  torch::Tensor q = torch::empty({m, nblocks * QK}, torch::kInt8);
-  torch::Tensor d = torch::empty({m, nblocks}, torch::kFloat);
-  torch::Tensor s = torch::empty({m, nblocks}, torch::kFloat);
+  at::Tensor q = at::empty({m, nblocks * QK}, at::kChar);
+  at::Tensor d = at::empty({m, nblocks}, at::kFloat);
+  at::Tensor s = at::empty({m, nblocks}, at::kFloat);
   for (int64_t i = 0; i < m * nblocks; ++i) {
     std::memcpy(q.data_ptr<int8_t>() + i * QK, act[i].q, QK);
     d.data_ptr<float>()[i] = act[i].d;
@@ -179,12 +185,4 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> quantize_q8_rows(const t
   return {q, d, s};
 }
 
-}  // namespace
-
-void register_quant_gemm(pybind11::module& m) {
-  m.def("quant_linear", &quant_linear,
-        "x [M, K] @ W^T (+ bias) with W as rows of GGUF blocks (fmt 0 q8_0, 1 q4_0, 2 q4_1; isa 0 avx2, 1 avx512)",
-        pybind11::arg("x"), pybind11::arg("blocks"), pybind11::arg("fmt"), pybind11::arg("isa"),
-        pybind11::arg("out_features"), pybind11::arg("bias") = pybind11::none());
-  m.def("quantize_q8_rows", &quantize_q8_rows, "the activation blocks quant_linear uses: (q, d, s)");
-}
+}  // namespace radixserve

@@ -1,0 +1,31 @@
+// The entry points of our CPU kernels, one block per source file; module.cpp registers them with
+// Python. The kernel sources include this and ATen's light headers, never <torch/extension.h>:
+// that header (pybind11 and the whole C++ frontend) took about 38 s to compile per file, most of
+// a build's time, and only module.cpp pays it now.
+
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Optional.h>
+
+#include <cstdint>
+#include <tuple>
+#include <vector>
+
+namespace radixserve {
+
+// decode_attention.cpp
+std::vector<at::Tensor> decode_attention(at::Tensor q, at::Tensor k_pool, at::Tensor v_pool, at::Tensor slots,
+                                         at::Tensor indptr, double scale);
+
+// elementwise.cpp
+std::vector<at::Tensor> rms_norm(at::Tensor x, c10::optional<at::Tensor> residual, at::Tensor weight, double eps);
+at::Tensor silu_mul(at::Tensor gate_up);
+at::Tensor rotary(at::Tensor x, at::Tensor table);
+
+// quant_gemm.cpp
+at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, int64_t fmt, int64_t isa, int64_t out_features,
+                        const c10::optional<at::Tensor>& bias);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_q8_rows(const at::Tensor& x);
+
+}  // namespace radixserve
