@@ -125,8 +125,8 @@ void decode_attention_impl(const T* q, const T* k_pool, const T* v_pool, const i
 namespace radixserve {
 
 // Returns (out [B, H, D], lse [B, H]).
-std::vector<at::Tensor> decode_attention(at::Tensor q, at::Tensor k_pool, at::Tensor v_pool,
-                                            at::Tensor slots, at::Tensor indptr, double scale) {
+std::vector<at::Tensor> decode_attention(at::Tensor q, at::Tensor k_pool, at::Tensor v_pool, at::Tensor slots,
+                                         at::Tensor indptr, double scale) {
   TORCH_CHECK(q.dim() == 3 && k_pool.dim() == 3 && v_pool.dim() == 3, "q [B,H,D], pools [S,KVH,D]");
   TORCH_CHECK(q.is_contiguous() && k_pool.is_contiguous() && v_pool.is_contiguous(), "contiguous inputs");
   TORCH_CHECK(k_pool.scalar_type() == q.scalar_type() && v_pool.scalar_type() == q.scalar_type(),

@@ -119,13 +119,12 @@ void check_rows(const at::Tensor& t, const char* what) {
               ": fp32 or bf16 only");
 }
 
-// (norm(x + residual) * weight, x + residual), or (norm(x) * weight, x) without a residual.
 }  // namespace
 
 namespace radixserve {
 
-std::vector<at::Tensor> rms_norm(at::Tensor x, c10::optional<at::Tensor> residual, at::Tensor weight,
-                                    double eps) {
+// (norm(x + residual) * weight, x + residual), or (norm(x) * weight, x) without a residual.
+std::vector<at::Tensor> rms_norm(at::Tensor x, c10::optional<at::Tensor> residual, at::Tensor weight, double eps) {
   check_rows(x, "x");
   TORCH_CHECK(weight.scalar_type() == x.scalar_type() && weight.numel() == x.size(1), "weight [dim], x's dtype");
   auto out = at::empty_like(x);

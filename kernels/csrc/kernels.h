@@ -1,7 +1,7 @@
 // The entry points of our CPU kernels, one block per source file; module.cpp registers them with
 // Python. The kernel sources include this and ATen's light headers, never <torch/extension.h>:
 // that header (pybind11 and the whole C++ frontend) took about 38 s to compile per file, most of
-// a build's time, and only module.cpp pays it now.
+// a build's time.
 
 #pragma once
 

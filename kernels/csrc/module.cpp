@@ -1,7 +1,8 @@
-// The Python module of our CPU kernels: every entry point of kernels.h, registered here, the one
-// file that includes <torch/extension.h> (pybind11 and torch's type casters).
+// The Python module of our CPU kernels: every entry point of kernels.h, registered here. Only
+// pybind11 and torch's type casters are included (torch/csrc/utils/pybind.h, about 12 s to
+// compile), not <torch/extension.h> (about 38 s: the whole C++ frontend, which nothing here uses).
 
-#include <torch/extension.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include "kernels.h"
 

@@ -141,8 +141,8 @@ void check_blocks(const at::Tensor& w, int64_t fmt, int64_t k, int64_t n) {
 namespace radixserve {
 
 // y [M, N] = x [M, K] @ W^T (+ bias), W as N rows of GGUF blocks grouped by 8; y in x's dtype.
-at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, int64_t fmt, int64_t isa,
-                           int64_t out_features, const c10::optional<at::Tensor>& bias) {
+at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, int64_t fmt, int64_t isa, int64_t out_features,
+                        const c10::optional<at::Tensor>& bias) {
   TORCH_CHECK(x.dim() == 2, "x must be [rows, in_features]");
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "x must be fp32 or bf16");
   TORCH_CHECK(isa == AVX2 || isa == AVX512, "isa must be 0 (avx2) or 1 (avx512)");

@@ -12,6 +12,8 @@ gguf Q4_1 drift 0.0003-0.014 per prompt, 120/128 agreeing; q8_0 0.008-0.029, 119
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from kernels.quant_linear import BlockQuantLinearMethod
@@ -27,6 +29,9 @@ BARS = {  # (mean drift in nats/token at most, argmax agreement at least)
     "q8_0": (0.05, 0.85),
     "q4_0": (0.6, 0.6),
 }
+# q4_0 is neither the shipped format nor the head's: its row runs in the long form of the suite
+# (RADIXSERVE_FULL_TESTS=1), which CI leaves out for time.
+SOURCES = ["gguf", "q8_0"] + (["q4_0"] if os.environ.get("RADIXSERVE_FULL_TESTS") == "1" else [])
 KW = dict(dtype="float32", max_total_tokens=2048, max_running_requests=CHAT_PROMPTS)
 
 
@@ -37,7 +42,7 @@ def references(default_model_path: str, chat_ids) -> tuple[list[list[int]], list
     return prompts, scored, answers
 
 
-@pytest.mark.parametrize("source", list(BARS))
+@pytest.mark.parametrize("source", SOURCES)
 def test_blocks_meet_the_accuracy_bar(default_model_path: str, references, source: str) -> None:
     from runtime.support.default_model import gguf_path
 
