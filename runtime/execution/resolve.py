@@ -41,7 +41,7 @@ CUDA_DEFAULT_CHUNK = 2048
 def default_model_format(config: ServerConfig, device: torch.device) -> tuple[str, str]:
     """How to load the default model when no model path and no load format are given: on CPU, from
     the Q4_1 file it ships as, its linears run from their blocks by our kernels ("gguf"; faster than
-    full precision at every batch size measured, docs/benchmarks.md, at 0.002-0.010 nats/token of
+    full precision at every batch size measured, docs/benchmarks.md, at 0.008-0.025 nats/token of
     log-prob drift), unless something asks for full precision or the kernels cannot run: a dtype
     named (`--dtype float32|bfloat16`), a quantization, tensor parallelism, or no built kernels
     (or no AVX2). Returns the load format and why, for the log."""

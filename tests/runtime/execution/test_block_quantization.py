@@ -6,8 +6,9 @@ Teacher-forced, as tests/runtime/execution/test_quantization.py measures int8 (s
 the mean per-token log-prob drift of the full-precision model's greedy answers to 4 chat
 prompts, and the share of positions whose argmax is the reference token. Measured on the
 AVX-512 machine (fp32; bars with a margin for the AVX2 one, whose sums round differently):
-gguf Q4_1 drift 0.0003-0.014 per prompt, 120/128 agreeing; q8_0 0.008-0.029, 119/128; q4_0
-0.11-0.44, 98/128 (q4_0 re-quantizes weights that are already Q4_1's, so its error stacks).
+gguf Q4_1 drift 0.008-0.025 per prompt, 123/128 agreeing; q8_0 0.004-0.017, 117/128 (every call
+on 8-bit activations, the kernel since 2026-12-02); q4_0 0.11-0.44, 98/128 before that (q4_0
+re-quantizes weights that are already Q4_1's, so its error stacks).
 """
 
 from __future__ import annotations
