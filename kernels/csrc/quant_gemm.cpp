@@ -29,7 +29,6 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -67,12 +66,6 @@ struct ActBlock {
   float s;
   int8_t q[QK];
 };
-
-uint16_t load_u16(const uint8_t* p) {
-  uint16_t v;
-  std::memcpy(&v, p, 2);
-  return v;
-}
 
 template <typename T>
 inline void store_out(T* dst, float v) { *dst = static_cast<T>(v); }

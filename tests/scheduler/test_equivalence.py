@@ -10,11 +10,11 @@ batches); `RADIXSERVE_FULL_TESTS=1` runs every row of `GRID`."""
 from __future__ import annotations
 
 import itertools
-import os
 import random
 
 import pytest
 
+from tests import FULL_TESTS
 from tests.scheduler.harness import make, run_until_idle, submit
 
 pytestmark = pytest.mark.slow
@@ -75,8 +75,7 @@ PAIRWISE: list[Config] = [
     (False, True, 32, 16, False),
     (True, False, 32, 16, False),
 ]
-FULL = os.environ.get("RADIXSERVE_FULL_TESTS") == "1"
-CONFIGS = GRID if FULL else PAIRWISE
+CONFIGS = GRID if FULL_TESTS else PAIRWISE
 
 
 def option_pairs(rows: list[Config]) -> set[tuple[int, object, int, object]]:
@@ -106,7 +105,7 @@ def long_expected(default_model_path: str) -> dict:
 
 # Overlap off and on, pages of 1 and 16: the two rows hold each value; the full run adds the
 # third combination (the fake-runner grid in test_scheduler_parts.py covers all four in ms).
-EVICTION_GRID = [(False, 1), (True, 16)] + ([(True, 1)] if FULL else [])
+EVICTION_GRID = [(False, 1), (True, 16)] + ([(True, 1)] if FULL_TESTS else [])
 
 
 @pytest.mark.parametrize("overlap,page", EVICTION_GRID)

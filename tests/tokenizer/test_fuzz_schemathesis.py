@@ -45,13 +45,13 @@ from schemathesis.checks import (  # type: ignore[attr-defined]
     status_code_conformance,
 )
 
+from tests import FULL_TESTS
 from tests.tokenizer.http_helpers import RunningServer, post, server_state, wait_idle
 
 pytestmark = pytest.mark.slow
 
 SEED = int(os.environ.get("RADIXSERVE_FUZZ_SEED", "18"))
-FULL = os.environ.get("RADIXSERVE_FULL_TESTS") == "1"
-TOTAL_EXAMPLES = int(os.environ.get("RADIXSERVE_FUZZ_EXAMPLES", "300" if FULL else "200"))
+TOTAL_EXAMPLES = int(os.environ.get("RADIXSERVE_FUZZ_EXAMPLES", "300" if FULL_TESTS else "200"))
 DEADLINE_S = 0.3  # the server's --request-timeout
 SERVER_ARGS = ("--context-length", "160", "--max-n", "2", "--max-prompts-per-request", "4",
                "--max-top-logprobs", "5", "--request-timeout", str(DEADLINE_S))

@@ -13,12 +13,11 @@ re-quantizes weights that are already Q4_1's, so its error stacks).
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from kernels.quant_linear import BlockQuantLinearMethod
 from runtime.execution.static_batch import StaticBatch
+from tests import FULL_TESTS
 from tests.runtime.execution.teacher_forcing import drift_and_agreement, greedy_and_scored, score
 
 pytestmark = pytest.mark.slow
@@ -32,7 +31,7 @@ BARS = {  # (mean drift in nats/token at most, argmax agreement at least)
 }
 # q4_0 is neither the shipped format nor the head's: its row runs in the long form of the suite
 # (RADIXSERVE_FULL_TESTS=1), which CI leaves out for time.
-SOURCES = ["gguf", "q8_0"] + (["q4_0"] if os.environ.get("RADIXSERVE_FULL_TESTS") == "1" else [])
+SOURCES = ["gguf", "q8_0"] + (["q4_0"] if FULL_TESTS else [])
 KW = dict(dtype="float32", max_total_tokens=2048, max_running_requests=CHAT_PROMPTS)
 
 
