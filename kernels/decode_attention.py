@@ -29,6 +29,11 @@ Gather = Callable[[int, torch.Tensor, str], tuple[torch.Tensor, torch.Tensor]]
 # with 1024 42.6 vs 52.9; B=8 with 1024 or B=12 with 768 were even, B=8 with 256 lost.
 CASCADE_MIN = {"torch": (8, 256), "kernel": (16, 512)}
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)
+KERNEL_HEAD_DIMS = (64, 128)  # and 1 to 8 query heads per KV head (decode_attention.cpp's instances)
+
+
+def kernel_supports(dtype: torch.dtype, head_dim: int, group: int) -> bool:
+    return dtype in KERNEL_DTYPES and head_dim in KERNEL_HEAD_DIMS and 1 <= group <= 8
 
 
 class DecodeAttention:
@@ -39,7 +44,7 @@ class DecodeAttention:
         self.group = num_heads // num_kv_heads
         self.scale = head_dim**-0.5
         self.gather = gather
-        self.kernels = kernels if pool.dtype in KERNEL_DTYPES else None
+        self.kernels = kernels if kernel_supports(pool.dtype, head_dim, self.group) else None
         self.shared_index: torch.Tensor | None = None  # KV slots every row shares (cascade)
 
     def plan(self, slots: torch.Tensor, seq_lens: list[int]) -> None:

@@ -196,8 +196,8 @@ def test_shared_prefix_is_attended_once(dtype: torch.dtype, tol: float, page_siz
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
-# The first two hit specialised (head_dim, group) kernels, the last the generic one.
-@pytest.mark.parametrize("head_dim,kv_heads,group", [(64, 3, 3), (128, 2, 4), (16, 2, 3)])
+# Every query-row count per KV head has its own instance (1 to 8), each head size its own rows.
+@pytest.mark.parametrize("head_dim,kv_heads,group", [(64, 3, 3), (128, 2, 4), (64, 1, 8), (128, 4, 1), (64, 2, 5)])
 def test_cpp_decode_kernel_matches_sdpa(
     dtype: torch.dtype, tol: float, head_dim: int, kv_heads: int, group: int
 ) -> None:
@@ -205,7 +205,7 @@ def test_cpp_decode_kernel_matches_sdpa(
     log-sum-exp against the exact one."""
     kernels = _kernels(True)
     gen = torch.Generator().manual_seed(7)
-    lens, slots_total = [1, 37, 5, 64], 400
+    lens, slots_total = [1, 37, 5, 64, 8, 9], 400  # around the kernel's 8-key blocks
     k_pool = torch.randn(slots_total, kv_heads, head_dim, generator=gen).to(dtype)
     v_pool = torch.randn(slots_total, kv_heads, head_dim, generator=gen).to(dtype)
     slots = (torch.randperm(slots_total - 1, generator=gen)[: sum(lens)] + 1).to(torch.int64)
@@ -223,3 +223,17 @@ def test_cpp_decode_kernel_matches_sdpa(
         assert err <= tol, (b, err)
         exact = torch.logsumexp((qb @ k.transpose(1, 2))[:, 0] * head_dim**-0.5, dim=-1)
         torch.testing.assert_close(lse[b], exact, rtol=1e-4, atol=1e-4)
+
+
+def test_cpp_decode_kernel_refuses_shapes_it_has_no_instance_for() -> None:
+    """Other head sizes or groups get a clear error from the kernel, and the backend does not
+    offer them to it (kernel_supports), so they run the torch path."""
+    from kernels.decode_attention import kernel_supports
+
+    kernels = _kernels(True)
+    q, pool = torch.randn(1, 6, 16), torch.randn(4, 2, 16)
+    slots, indptr = torch.arange(4, dtype=torch.int64), torch.tensor([0, 4], dtype=torch.int64)
+    with pytest.raises(RuntimeError, match="head_dim 64 or 128"):
+        kernels.decode_attention(q, pool, pool, slots, indptr, 0.25)
+    assert not kernel_supports(torch.float32, 16, 3) and not kernel_supports(torch.float32, 64, 9)
+    assert kernel_supports(torch.bfloat16, 128, 8) and not kernel_supports(torch.float16, 64, 3)
