@@ -163,13 +163,100 @@ void group_rows(const uint8_t* g, int64_t nblocks, const ActBlock* a, float out[
   for (int m = 0; m < MR; ++m) _mm256_storeu_ps(out[m], acc[m]);
 }
 
+#if RS_VNNI
+// Two groups at once in 512-bit vectors, lanes 0-7 the first group's rows and 8-15 the second's:
+// each broadcast activation chunk then feeds 16 rows, which halves the broadcasts, the scale
+// conversions and the per-block epilogue per product against group_rows (the instruction count,
+// not the VNNI units, bounded a call of many rows). Used for the tiles of 4 activation rows.
+inline __m512i load_pair(const uint8_t* a, const uint8_t* b) {
+  const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a));
+  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)), 1);
+}
+inline __m512 load_pair_ph(const uint8_t* a, const uint8_t* b) {
+  const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a));
+  return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), 1));
+}
+inline __m512i broadcast4_512(const int8_t* q) {
+  int32_t v;
+  std::memcpy(&v, q, 4);
+  return _mm512_set1_epi32(v);
+}
+
+template <int F, int MR>
+void group_pair_rows(const uint8_t* g0, const uint8_t* g1, int64_t nblocks, const ActBlock* a,
+                     float out[MR][2 * GROUP_ROWS]) {
+  constexpr int GB = GROUP_ROWS * Layout<F>::block_bytes;
+  constexpr int CHUNKS = Layout<F>::value_bytes / 4;
+  __m512 acc[MR];
+#pragma GCC unroll 4
+  for (int m = 0; m < MR; ++m) acc[m] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nblocks; ++b) {
+    const uint8_t* p0 = g0 + b * GB;
+    const uint8_t* p1 = g1 + b * GB;
+    const uint8_t* q0 = p0 + Layout<F>::group_header;
+    const uint8_t* q1 = p1 + Layout<F>::group_header;
+    __m512i sums[MR][2];
+#pragma GCC unroll 4
+    for (int m = 0; m < MR; ++m) sums[m][0] = sums[m][1] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+    for (int c = 0; c < CHUNKS; ++c) {
+      const __m512i raw = load_pair(q0 + 32 * c, q1 + 32 * c);
+      if constexpr (F == Q8_0) {
+        const __m512i shifted = _mm512_xor_si512(raw, _mm512_set1_epi8(static_cast<char>(0x80)));  // q + 128
+#pragma GCC unroll 4
+        for (int m = 0; m < MR; ++m)
+          sums[m][c % 2] = _mm512_dpbusd_epi32(sums[m][c % 2], shifted, broadcast4_512(a[m * nblocks + b].q + 4 * c));
+      } else {
+        const __m512i nibble = _mm512_set1_epi8(0x0F);
+        const __m512i low = _mm512_and_si512(raw, nibble);
+        const __m512i high = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nibble);
+#pragma GCC unroll 4
+        for (int m = 0; m < MR; ++m) {
+          const int8_t* aq = a[m * nblocks + b].q;
+          sums[m][0] = _mm512_dpbusd_epi32(sums[m][0], low, broadcast4_512(aq + 4 * c));
+          sums[m][1] = _mm512_dpbusd_epi32(sums[m][1], high, broadcast4_512(aq + QK / 2 + 4 * c));
+        }
+      }
+    }
+    const __m512 d = load_pair_ph(p0, p1);
+    __m512 corr;  // as in group_rows: every format here is corrected under VNNI
+    if constexpr (F == Q4_0) corr = _mm512_mul_ps(d, _mm512_set1_ps(-8.0f));
+    if constexpr (F == Q8_0) corr = _mm512_mul_ps(d, _mm512_set1_ps(-128.0f));
+    if constexpr (F == Q4_1) corr = load_pair_ph(p0 + 2 * GROUP_ROWS, p1 + 2 * GROUP_ROWS);
+#pragma GCC unroll 4
+    for (int m = 0; m < MR; ++m) {
+      const ActBlock& ab = a[m * nblocks + b];
+      const __m512 dots = _mm512_cvtepi32_ps(_mm512_add_epi32(sums[m][0], sums[m][1]));
+      acc[m] = _mm512_fmadd_ps(dots, _mm512_mul_ps(d, _mm512_set1_ps(ab.d)), acc[m]);
+      acc[m] = _mm512_fmadd_ps(corr, _mm512_set1_ps(ab.s), acc[m]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int m = 0; m < MR; ++m) _mm512_storeu_ps(out[m], acc[m]);
+}
+#endif
+
 // Groups [g_begin, g_end) against every activation row, stored into y [M, n_total] (+ bias).
 template <int F, int MR, typename T>
 void groups_into(const uint8_t* w, int64_t nblocks, const ActBlock* act, int64_t m0, int64_t g_begin, int64_t g_end,
                  int64_t n_total, const float* bias, T* y) {
   constexpr int GB = GROUP_ROWS * Layout<F>::block_bytes;
+  int64_t g = g_begin;
+#if RS_VNNI
+  if constexpr (MR == 4) {
+    float pair[MR][2 * GROUP_ROWS];
+    for (; g + 2 <= g_end; g += 2) {
+      group_pair_rows<F, MR>(w + g * nblocks * GB, w + (g + 1) * nblocks * GB, nblocks, act + m0 * nblocks, pair);
+      const int64_t n0 = g * GROUP_ROWS;
+      const int rows = static_cast<int>(std::min<int64_t>(2 * GROUP_ROWS, n_total - n0));
+      for (int m = 0; m < MR; ++m)
+        for (int r = 0; r < rows; ++r)
+          store_out(y + (m0 + m) * n_total + n0 + r, pair[m][r] + (bias != nullptr ? bias[n0 + r] : 0.0f));
+    }
+  }
+#endif
   float out[MR][GROUP_ROWS];
-  for (int64_t g = g_begin; g < g_end; ++g) {
+  for (; g < g_end; ++g) {
     group_rows<F, MR>(w + g * nblocks * GB, nblocks, act + m0 * nblocks, out);
     const int64_t n0 = g * GROUP_ROWS;
     const int rows = static_cast<int>(std::min<int64_t>(GROUP_ROWS, n_total - n0));
@@ -180,16 +267,16 @@ void groups_into(const uint8_t* w, int64_t nblocks, const ActBlock* act, int64_t
 }
 
 // Threads split the groups; each walks them in slices of about 12 KB of weights (4 groups of a
-// 576-wide row, 1 of a 1536-wide one), which stay in L1 while the activation rows pass them four
-// at a time. (A fixed 4 groups was 31 KB for the 1536-wide down projection, L1's whole size; the
-// bound keeps a slice in L1 by construction. Against that fixed 4, it measured no different
-// within this machine's noise.)
+// 576-wide row), which stay in L1 while the activation rows pass them four at a time. A slice
+// holds at least 2 groups (15 KB of a 1536-wide one), the pair group_pair_rows takes. (A fixed 4
+// groups was 31 KB for the 1536-wide down projection, L1's whole size; against it, the bound
+// measured no different within this machine's noise.)
 template <int F, typename T>
 void gemm(const uint8_t* w, int64_t n_total, const ActBlock* act, int64_t nblocks, int64_t m_total, const float* bias,
           T* y) {
   const int64_t groups = (n_total + GROUP_ROWS - 1) / GROUP_ROWS;
   const int64_t group_bytes = nblocks * GROUP_ROWS * Layout<F>::block_bytes;
-  const int64_t slice = std::clamp<int64_t>((12 << 10) / group_bytes, 1, 8);
+  const int64_t slice = std::clamp<int64_t>((12 << 10) / group_bytes, 2, 8);
   at::parallel_for(0, groups, slice, [&](int64_t begin, int64_t end) {
     for (int64_t gs = begin; gs < end; gs += slice) {
       const int64_t ge = std::min(end, gs + slice);

@@ -18,7 +18,10 @@ from runtime.execution.cpu_kernels import load_cpu_kernels
 from runtime.execution.device import cpu_capability
 
 ISAS = ["avx2"] + (["avx512"] if cpu_capability().block_kernel_isa == "avx512" else [])
-SHAPES = [(1, 1, 32), (1, 49, 96), (2, 7, 64), (3, 37, 576), (4, 8, 32), (5, 64, 160), (9, 33, 1536), (17, 5, 608)]
+# 4-row tiles take row groups two at a time (AVX-512): (4, 45, 96) ends in a pair whose second
+# group is partial, (8, 13, 64) is one pair of a full and a partial group.
+SHAPES = [(1, 1, 32), (1, 49, 96), (2, 7, 64), (3, 37, 576), (4, 8, 32), (5, 64, 160), (9, 33, 1536), (17, 5, 608),
+          (4, 45, 96), (8, 13, 64)]
 
 
 @pytest.fixture(scope="module")
