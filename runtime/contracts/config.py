@@ -85,7 +85,8 @@ class ServerConfig:
         "past it, it ends with finish_reason abort; default: no deadline")
     max_prompts_per_request: int = _opt(256, "most prompts in one /generate or /v1/completions batch (400 above)")
     chunked_prefill_size: int | None = _opt(
-        None, "longest prompt chunk per step (-1 disables chunking); default: 2048 on CUDA, 512 on CPU")
+        None, "most new prompt tokens per step, a prompt longer than that is prefilled in chunks (-1 disables "
+        "chunking); default: 2048, as vLLM-CPU and SGLang")
     page_size: int = _opt(1, "tokens per KV page")
     schedule_policy: str = _opt("fcfs", "order of the waiting queue", ("fcfs", "lpm", "dfs-weight"))
     enable_priority_scheduling: bool = _opt(
