@@ -15,8 +15,10 @@
 // (Zen 4 runs a zmm op as two ymm halves, so wider vectors would not add throughput there), and
 // the same source builds for both. A score is a dot product over D, so each K row gives one
 // vector of partial sums per query row; eight keys' partials are reduced together by a
-// transpose-add tree (no horizontal sum per key), which with the query rows and accumulators held
-// in registers took the kernel from about 100 cycles per K/V row to the memory's pace.
+// transpose-add tree (no horizontal sum per key). With the query rows and accumulators held in
+// registers that took the kernel from about 100 to 70-85 cycles per K/V row with the rows in
+// cache, which leaves it at the memory's pace (15-19 GB/s on a 2-core Zen 4) when a request's
+// slots are contiguous; scattered slots read at 6-10 GB/s (scripts/bench_decode_attention.py).
 //
 // Built once at setup (scripts/setup.sh runs `python -m kernels.cpu_ext build`); never compiled
 // at run time. kernels/cpu_ext.py loads it and falls back to the torch path when it is absent.

@@ -39,7 +39,7 @@ CPU_DEFAULT_MAX_RUNNING = 256
 # 2048, prompts that arrive together prefill in one step and then decode together undisturbed,
 # where 512 spread their prefill over the running streams' steps. Same runs (docs/benchmarks.md,
 # issue 21 third part): shared-prefix median TPOT 165 -> 89 ms, c64 TTFT p99 22.0 -> 15.1 s, for
-# a c16 median TTFT of 2.0 s instead of 0.65 (vLLM's 2.8 s in the same hour).
+# a c16 median TTFT of 2.0-2.2 s instead of 0.65 (vLLM's: 1.7-2.8 s that afternoon).
 DEFAULT_CHUNK = 2048
 
 

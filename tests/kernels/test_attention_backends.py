@@ -196,7 +196,7 @@ def test_shared_prefix_is_attended_once(dtype: torch.dtype, tol: float, page_siz
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
-# Every query-row count per KV head has its own instance (1 to 8), each head size its own rows.
+# Each (head size, query rows per KV head) is an instance of its own: both head sizes, several counts.
 @pytest.mark.parametrize("head_dim,kv_heads,group", [(64, 3, 3), (128, 2, 4), (64, 1, 8), (128, 4, 1), (64, 2, 5)])
 def test_cpp_decode_kernel_matches_sdpa(
     dtype: torch.dtype, tol: float, head_dim: int, kv_heads: int, group: int
