@@ -89,10 +89,22 @@ class ModelRunner:
         self.step_hook.before_forward(entries, keep_logits)
         try:
             with self._on_stream():
-                return self._forward(entries, keep_logits)
+                result = self._forward(entries, keep_logits)
+            if keep_logits and self.stream is not None:
+                self._hand_over(result)
+            return result
         finally:
             self.forward_s += time.perf_counter() - start
             self.forward_count += 1
+
+    def _hand_over(self, result: ForwardResult) -> None:
+        """The caller reads the kept logits on its own stream, while the forward ran on ours: order
+        the caller's stream after this forward (a device-side wait, no host sync), and tell the
+        allocator the tensor is in use there, so our stream does not reuse its memory first."""
+        assert self.stream is not None and result.last_logits is not None
+        caller = torch.cuda.current_stream(self.device)
+        caller.wait_stream(self.stream)
+        result.last_logits.record_stream(caller)
 
     @contextlib.contextmanager
     def _on_stream(self) -> Iterator[None]:

@@ -83,3 +83,55 @@ def test_the_graph_check_fails_when_the_replay_path_differs(tmp_path: Path, monk
     assert record["ok"] is (fault == "none"), record
     assert record["same_tokens"] is True  # a shift of 1e-3 keeps the greedy tokens: the logits decide
     assert record["replays"] == (0 if fault == "never_replayed" else 4), record
+
+
+# Clients the GPU image lacks and scripts/gpu_wheels.sh does not carry (ENVIRONMENT.md, GPU).
+ABSENT_ON_GPU_IMAGE = {"openai", "anthropic", "gguf"}
+
+
+def _top_level_imports(path: Path) -> set[str]:
+    """Modules `path` imports when it is imported: its module-level import statements (imports
+    inside functions, `if`, or `try` blocks are lazy, guarded or optional)."""
+    import ast
+
+    names: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def _project_file(module: str) -> list[Path]:
+    """The files importing `module` runs, when it is one of ours (each package's __init__ too)."""
+    parts, files = module.split("."), []
+    for depth in range(1, len(parts) + 1):
+        base = ROOT.joinpath(*parts[:depth])
+        for candidate in (base / "__init__.py", base.with_suffix(".py")):
+            if candidate.is_file():
+                files.append(candidate)
+    return files
+
+
+def test_the_gpu_tests_import_nothing_the_gpu_image_lacks() -> None:
+    """scripts/gpu_check.sh runs pytest on the modules that hold GPU tests; following their
+    module-level imports through our own modules must not reach a client the image lacks, or
+    collection fails there before any GPU test runs."""
+    modules = sorted(p for p in (ROOT / "tests").rglob("test_*.py") if "pytest.mark.gpu" in p.read_text())
+    assert modules, "no module holds a GPU test"
+    seen: set[Path] = set()
+    todo = [*modules, ROOT / "tests" / "conftest.py"]
+    third_party: dict[str, Path] = {}
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        for name in _top_level_imports(path):
+            ours = _project_file(name)
+            todo.extend(ours)
+            if not ours:
+                third_party.setdefault(name.split(".")[0], path)
+    needed = {name: str(path.relative_to(ROOT)) for name, path in third_party.items() if name in ABSENT_ON_GPU_IMAGE}
+    assert not needed, f"imported at module level on the GPU tests' path: {needed}"
