@@ -139,7 +139,9 @@ struct Task {
 
   // acc[g] = sum_l w[g][l] * v_l, the weights in `scores`. The row is taken kChunk vectors at a
   // time so that the accumulators of all query rows (at most 12 vectors) stay in registers, AVX2's
-  // 16 included; a chunk of a bf16 row of 64 is one cache line, so no line is read twice.
+  // 16 included. With 2-3 query rows per KV head (the default model has 3) a chunk of a bf16 row
+  // of 64 is one cache line, so each line is read once; with more rows, several passes visit a
+  // line, the later ones from cache while the request's V fits there.
   static constexpr int64_t kChunk = kGroup == 1 ? 8 : kGroup <= 3 ? 4 : kGroup <= 6 ? 2 : 1;
   static_assert(C % kChunk == 0, "the chunks tile the row");
 
