@@ -241,7 +241,7 @@ std::vector<at::Tensor> decode_attention(at::Tensor q, at::Tensor k_pool, at::Te
   const int64_t batch = q.size(0), heads = q.size(1), head_dim = q.size(2), kv_heads = k_pool.size(1);
   TORCH_CHECK(heads % kv_heads == 0 && k_pool.size(2) == head_dim && indptr.numel() == batch + 1, "shapes");
   const int64_t group = heads / kv_heads;
-  // kernels/decode_attention.py SUPPORTED says the same.
+  // kernels/decode_attention.py kernel_supports() says the same.
   TORCH_CHECK((head_dim == 64 || head_dim == 128) && group >= 1 && group <= 8, "decode_attention: head_dim 64 or 128 and 1 to 8 query "
               "heads per KV head, got ", head_dim, " and ", group);
   auto out = at::empty_like(q);

@@ -6,6 +6,7 @@ informational."""
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import subprocess
@@ -92,8 +93,6 @@ ABSENT_ON_GPU_IMAGE = {"openai", "anthropic", "gguf"}
 def _top_level_imports(path: Path) -> set[str]:
     """Modules `path` imports when it is imported: its module-level import statements (imports
     inside functions, `if`, or `try` blocks are lazy, guarded or optional)."""
-    import ast
-
     names: set[str] = set()
     for node in ast.parse(path.read_text()).body:
         if isinstance(node, ast.Import):
@@ -103,7 +102,7 @@ def _top_level_imports(path: Path) -> set[str]:
     return names
 
 
-def _project_file(module: str) -> list[Path]:
+def _project_files(module: str) -> list[Path]:
     """The files importing `module` runs, when it is one of ours (each package's __init__ too)."""
     parts, files = module.split("."), []
     for depth in range(1, len(parts) + 1):
@@ -129,7 +128,7 @@ def test_the_gpu_tests_import_nothing_the_gpu_image_lacks() -> None:
             continue
         seen.add(path)
         for name in _top_level_imports(path):
-            ours = _project_file(name)
+            ours = _project_files(name)
             todo.extend(ours)
             if not ours:
                 third_party.setdefault(name.split(".")[0], path)
