@@ -4,14 +4,17 @@ No torch or flashinfer import here: the rules take names and numbers, and the fe
 machine (`find_nvcc`, `has_prebuilt_kernels`) only look at files and installed packages.
 
 Facts from FlashInfer 0.6.x's source that the rules encode:
-- Its CUDA-core decode kernel dispatches only GQA group sizes 1, 2, 3, 4 and 8
-  (`DISPATCH_GQA_GROUP_SIZE` in include/flashinfer/utils.cuh); other groups raise "Unsupported
-  group_size" in plan() (5 in Qwen2.5-14B, 7 in Qwen2.5-7B) and need the tensor-core decode,
+- Its CUDA-core decode kernel dispatches only GQA group sizes 1, 2, 3, 4, 6 and 8
+  (`DISPATCH_GQA_GROUP_SIZE` in include/flashinfer/utils.cuh of 0.6.18.post1); other groups raise
+  "Unsupported group_size" in plan() (5 in Qwen2.5-14B, 7 in Qwen2.5-7B) and need the tensor-core decode,
   which runs the prefill kernels with one query per request. SGLang also prefers tensor cores
   from group 4 up in 16-bit KV (faster there).
 - There are fp16 and bf16 kernels, no fp32 ones.
-- Kernels are JIT-compiled with `nvcc` on first use unless a prebuilt kernel package
-  (`flashinfer-jit-cache`, `flashinfer-cubin`) is installed; FA3 prefill kernels (what `auto`
+- Kernels are JIT-compiled with `nvcc` on first use unless they are prebuilt: in
+  `flashinfer-jit-cache` (of the same version; not on PyPI, FlashInfer's own index has it) or in
+  FlashInfer's AOT directory (kernels/flashinfer_jit.py puts them there). `flashinfer-cubin` does
+  not count: it holds the TensorRT-LLM kernels, no FA2 attention, and stops at 0.6.13 (a cubin
+  package of another version makes `import flashinfer` raise). FA3 prefill kernels (what `auto`
   picks on Hopper) take longest to build, so the prefill wrapper is pinned to FA2 as SGLang does.
 """
 
@@ -21,7 +24,7 @@ import importlib.util
 import os
 import shutil
 
-CUDA_CORE_DECODE_GROUP_SIZES = frozenset({1, 2, 3, 4, 8})
+CUDA_CORE_DECODE_GROUP_SIZES = frozenset({1, 2, 3, 4, 6, 8})
 TENSOR_CORE_MIN_GROUP = 4  # SGLang's rule for 16-bit KV caches
 SUPPORTED_DTYPES = ("bfloat16", "float16")
 PREFILL_BACKEND = "fa2"
@@ -29,7 +32,7 @@ PREFILL_BACKEND = "fa2"
 # default (its SGLANG_FLASHINFER_WORKSPACE_SIZE); too small a buffer fails at plan() for large
 # batches with long contexts.
 WORKSPACE_BYTES = 384 * 1024 * 1024
-PREBUILT_PACKAGES = ("flashinfer_jit_cache", "flashinfer_cubin")
+PREBUILT_PACKAGES = ("flashinfer_jit_cache",)
 
 
 def decode_uses_tensor_cores(num_heads: int, num_kv_heads: int, kv_dtype: str) -> bool:
@@ -64,6 +67,7 @@ def find_nvcc(env: dict[str, str] | None = None) -> str | None:
 
 
 def has_prebuilt_kernels() -> bool:
+    """Whether a package of prebuilt FA2 attention kernels is installed (without importing it)."""
     return any(importlib.util.find_spec(name) is not None for name in PREBUILT_PACKAGES)
 
 

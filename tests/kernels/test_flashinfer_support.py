@@ -19,7 +19,8 @@ from runtime.execution.device import choose_attention_backend
     (28, 4, "bfloat16", True),  # Qwen2.5-7B: group 7, which the CUDA-core decode lacks
     (40, 8, "bfloat16", True),  # Qwen2.5-14B / Qwen3-14B: group 5
     (64, 4, "bfloat16", True),  # group 16
-    (12, 2, "float32", True),  # group 6 has no CUDA-core kernel, whatever the dtype
+    (12, 2, "float32", False),  # group 6 has a CUDA-core kernel (fp32 has none at all: refused elsewhere)
+    (20, 4, "float32", True),  # group 5 has no CUDA-core kernel, whatever the dtype
 ])
 def test_tensor_core_decode(heads, kv_heads, kv_dtype, expected) -> None:
     assert decode_uses_tensor_cores(heads, kv_heads, kv_dtype) is expected
@@ -73,3 +74,16 @@ def test_backend_choice() -> None:
     assert err.value.param == "attention_backend"
     with pytest.raises(InvalidRequest, match="needs a CUDA device"):
         choose("flashinfer", device="cpu")
+
+
+def test_only_a_jit_cache_counts_as_prebuilt_attention_kernels(tmp_path, monkeypatch) -> None:
+    """flashinfer-cubin holds no FA2 attention kernels: with it alone, plan() still compiles."""
+    from kernels.flashinfer_support import has_prebuilt_kernels
+
+    (tmp_path / "flashinfer_cubin").mkdir()
+    (tmp_path / "flashinfer_cubin" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert not has_prebuilt_kernels()
+    (tmp_path / "flashinfer_jit_cache").mkdir()
+    (tmp_path / "flashinfer_jit_cache" / "__init__.py").write_text("")
+    assert has_prebuilt_kernels()

@@ -61,7 +61,8 @@ def test_graph_replay_matches_eager(tmp_path, backend: str, request) -> None:
     if backend == "fake-flashinfer":
         request.getfixturevalue("fake_flashinfer")
     path = write_config(tmp_path / "m", *SHAPES["qwen2-group7"])
-    runner = make_runner(path, backend=backend, page_size=4)
+    dtype = "bfloat16" if backend == "fake-flashinfer" else "float32"  # FlashInfer has no fp32 kernels
+    runner = make_runner(path, backend=backend, page_size=4, dtype=dtype)
     decodes = _decode_batch(runner, [5, 9, 3])
     eager = runner.forward(decodes, keep_logits=True)
     eager_meta = runner.backend.meta

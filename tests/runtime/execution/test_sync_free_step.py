@@ -50,7 +50,8 @@ def _has_bool_index(index: object) -> bool:
 
 @pytest.fixture
 def runner(tmp_path, fake_flashinfer):  # noqa: F811
-    return make_runner(write_config(tmp_path / "m", *SHAPES["llama-3.2-1b"]), backend="fake-flashinfer", page_size=4)
+    return make_runner(write_config(tmp_path / "m", *SHAPES["llama-3.2-1b"]), backend="fake-flashinfer", page_size=4,
+                       dtype="bfloat16")  # FlashInfer has no fp32 kernels
 
 
 def _prefill_then_decodes(runner, sampling: SamplingParams, n: int = 4) -> list[ForwardEntry]:

@@ -36,7 +36,8 @@ def write_config(folder: Path, heads: int, kv_heads: int, head_dim: int, layers:
 def make_runner(model_path: str, backend: str = "torch", page_size: int = 1, dtype: str = "float32",
                 workspace_bytes: int = 1 << 16) -> ModelRunner:
     """A CPU runner; backend "fake-flashinfer" drives our FlashInfer backend over the stand-in
-    module (which must be installed: tests/kernels/fake_flashinfer.install)."""
+    module (which must be installed: tests/kernels/fake_flashinfer.install), in a 16-bit `dtype`
+    (FlashInfer has no fp32 kernels: the stand-in refuses fp32 as the real library does)."""
     cfg = resolve_config(ServerConfig(
         model_path=model_path, device="cpu", load_format="dummy", dtype=dtype, page_size=page_size,
         max_total_tokens=2048, max_running_requests=16, context_length=512,
