@@ -11,10 +11,9 @@ How it is used, and why:
 - plan() receives the indptrs and last-page lengths as host tensors (pinned): given device
   tensors it copies them back to the host, a blocking copy per batch. The page list stays on
   the device. q is passed in the model dtype, planned as `q_data_type`.
-- plan() stages its scheduling data in a pinned host buffer of the wrapper and queues an
-  unfenced copy of it: with nothing else syncing, the next plan() could overwrite that buffer
-  before the copy ran. Each wrapper's staging buffer is therefore swapped for pageable memory,
-  whose copies are staged by the driver at once (what vLLM does).
+- plan() stages its scheduling data in a pinned host buffer and queues an unfenced copy of it:
+  the wrappers share two such buffers, used alternately and guarded by events
+  (kernels/flashinfer_staging.py), so no plan() overwrites data a queued copy has yet to read.
 - CUDA graphs: one decode wrapper per captured batch size in graph mode, over slices of shared
   index buffers sized for the largest bucket; planned before each replay, its run() captured.
 """
@@ -26,16 +25,9 @@ from typing import Any
 import torch
 
 from kernels.base import AttentionBackend, ForwardMetadata
+from kernels.flashinfer_staging import PlanStaging
 from kernels.flashinfer_support import PREFILL_BACKEND, WORKSPACE_BYTES, decode_uses_tensor_cores
 from kernels.kv_pool import KVPool
-
-
-def unfence_plan_staging(wrapper: Any) -> None:
-    """Give a wrapper pageable plan staging memory (see the module notes). The attribute is
-    FlashInfer's private one; a version without it stages differently and is left alone."""
-    staging = getattr(wrapper, "_pin_memory_int_workspace_buffer", None)
-    if isinstance(staging, torch.Tensor):
-        wrapper._pin_memory_int_workspace_buffer = torch.empty(staging.shape, dtype=staging.dtype, device="cpu")
 
 
 class FlashInferAttentionBackend(AttentionBackend):
@@ -58,9 +50,10 @@ class FlashInferAttentionBackend(AttentionBackend):
         # FlashInfer asks for a zeroed workspace on first use (its split-KV kernels read regions
         # a forward may not have written).
         self.workspace = torch.zeros(workspace_bytes, dtype=torch.uint8, device=pool.device)
+        self.staging = PlanStaging.for_device(pool.device)
         self.prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend=PREFILL_BACKEND)
+        self.staging.adopt(self.prefill)
         self.decode = self._decode_wrapper()
-        unfence_plan_staging(self.prefill)
         self.graph_decode: dict[int, Any] = {}
         self.meta: ForwardMetadata | None = None
         self.wrapper: Any = None
@@ -69,7 +62,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         wrapper = self.flashinfer.BatchDecodeWithPagedKVCacheWrapper(
             self.workspace, "NHD", use_tensor_cores=self.use_tensor_cores, **graph_buffers
         )
-        unfence_plan_staging(wrapper)
+        self.staging.adopt(wrapper)
         return wrapper
 
     def _common(self, meta: ForwardMetadata) -> dict[str, Any]:
@@ -89,21 +82,23 @@ class FlashInferAttentionBackend(AttentionBackend):
             self._plan_decode(self.decode, meta)
             return
         self.wrapper = self.prefill
-        self.prefill.plan(
-            meta.qo_indptr_host,
-            meta.kv_indptr_host,
-            meta.kv_indices,
-            meta.kv_last_page_len_host,
-            head_dim_qk=self.head_dim,
-            causal=True,
-            **self._common(meta),
-        )
+        with self.staging.plan(self.prefill):
+            self.prefill.plan(
+                meta.qo_indptr_host,
+                meta.kv_indptr_host,
+                meta.kv_indices,
+                meta.kv_last_page_len_host,
+                head_dim_qk=self.head_dim,
+                causal=True,
+                **self._common(meta),
+            )
 
     def _plan_decode(self, wrapper: Any, meta: ForwardMetadata) -> None:
-        wrapper.plan(
-            meta.kv_indptr_host, meta.kv_indices, meta.kv_last_page_len_host, head_dim=self.head_dim,
-            **self._common(meta),
-        )
+        with self.staging.plan(wrapper):
+            wrapper.plan(
+                meta.kv_indptr_host, meta.kv_indices, meta.kv_last_page_len_host, head_dim=self.head_dim,
+                **self._common(meta),
+            )
 
     def init_cuda_graph(self, sizes: list[int], max_pages: int) -> None:
         """One graph-mode decode wrapper per batch size, over slices of shared buffers."""

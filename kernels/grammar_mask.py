@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from kernels.transfer import upload_tensor
+from kernels.transfer import upload, upload_tensor
 
 _BITS = 32
 _NEG_INF = float("-inf")
@@ -51,6 +51,10 @@ def apply_row_bitmasks(logits: torch.Tensor, row_masks: Sequence[torch.Tensor | 
     bitmask = torch.full((len(row_masks), first.shape[0]), -1, dtype=torch.int32)
     for i in rows:
         bitmask[i] = row_masks[i]  # type: ignore[assignment]  # rows holds the non-None ones
+    if logits.device.type != "cpu":
+        # Every row at once (the unconstrained ones are all ones): one masked fill, and no row
+        # index to upload.
+        rows = list(range(len(row_masks)))
     apply_token_bitmask(logits, upload_tensor(bitmask, logits.device), rows)
 
 
@@ -91,11 +95,13 @@ def apply_token_bitmask_torch(
     """Mask the columns the bitmask covers, one vectorized pass (any device)."""
     vocab = min(logits.shape[1], bitmask.shape[1] * _BITS)
     words = bitmask_words(vocab)
-    index = torch.tensor(rows, dtype=torch.long, device=logits.device)
+    every_row = len(rows) == logits.shape[0] == bitmask.shape[0] and list(rows) == list(range(len(rows)))
+    # Every row in order: no index (on a GPU, building one from a list would be a blocking copy).
+    selected = bitmask[:, :words] if every_row else bitmask[upload(rows, torch.long, bitmask.device), :words]
     # [n, W, 32] -> [n, 32 W]: column 32 w + j tests bit j of word w (LSB first).
-    blocked = (bitmask[index, :words].unsqueeze(-1) & _bit_values(bitmask.device)) == 0
+    blocked = (selected.unsqueeze(-1) & _bit_values(bitmask.device)) == 0
     blocked = blocked.view(len(rows), words * _BITS)[:, :vocab]
-    if len(rows) == logits.shape[0] and rows == list(range(len(rows))):
+    if every_row:
         logits[:, :vocab].masked_fill_(blocked, _NEG_INF)
         return
     # NOTE: per-row masked_fill_ on views writes in place; logits[index] would copy the rows out

@@ -1,20 +1,25 @@
-"""The prepared device check: FlashInfer against the torch backend, CUDA graphs against eager, and
-decode speed, on dummy weights of real model shapes. Run by scripts/gpu_check.sh.
+"""The prepared device check's Python stages, on dummy weights of real model shapes. Each stage
+runs as its own process under its own time bound (scripts/gpu_check.sh holds the plan):
 
-    python scripts/gpu_check.py OUT_DIR            # on a CUDA GPU
-    python scripts/gpu_check.py OUT_DIR --dry-run  # on CPU: the same code path on tiny shapes,
-                                                   # FlashInfer replaced by tests/kernels/fake_flashinfer
+    compile   FlashInfer's attention modules built ahead of time, timed, archived (gpu_compile.py)
+    plan      the host cost of plan() at batch 1/32/256, pinned vs pageable staging (gpu_plan_bench.py)
+    backends  FlashInfer against the torch backend, every scenario, logits within a tolerance
+    graphs    CUDA-graph replay against eager, logits within a tolerance, every step replayed
+    speed     decode tokens/s at batch 1/32/128/256, graphs off and on, the GPU's idle share
 
-Every result is appended to OUT_DIR/results.jsonl as soon as it exists (a run cut short still
-reports what it did), and a summary goes to OUT_DIR/summary.txt at the end. The exit status is 1
-when any comparison failed.
+    python scripts/gpu_check.py OUT_DIR --stage NAME [--dry-run]   # one stage
+    python scripts/gpu_check.py OUT_DIR --summarize                # summary.txt from results.jsonl
+
+--dry-run runs the same code on CPU: tiny shapes, bf16, FlashInfer replaced by the strict stand-ins
+tests/kernels/fake_flashinfer.py and fake_flashinfer_jit.py. Every result is appended to
+OUT_DIR/results.jsonl as soon as it exists (a stage cut short still reports what it did). A
+measurement without a pass/fail criterion (speeds) is "info", never "ok".
 
 The shapes keep the real attention layout (heads, KV heads, head dim, vocabulary) with fewer
 layers, so FlashInfer's kernels and their dispatch are the real ones while weights stay small.
-Dummy weights give flat logits: logits are compared, not tokens, between backends; CUDA graphs
-against eager compare greedy tokens too (the same kernels, so they must agree), and count the
-replays (every decode step must go through a graph: on CPU, its eager stand-in). Decode speed is
-recorded as "info": a measurement, neither ok nor failed.
+Dummy weights give flat logits, so runs are compared by logits within a tolerance, never by
+greedy tokens (a near-tie may flip legitimately: graph buckets pad the batch, and split-KV
+attention may split differently), and both runs of a comparison are fed the same tokens.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 
 import torch  # noqa: E402
 
@@ -43,22 +48,20 @@ REAL_SHAPES = {
 }
 TINY_SHAPES = {"llama-3.2-1b": (32, 8, 64, 128, 256, 512), "qwen2.5-7b-group7": (14, 2, 64, 128, 256, 512)}
 LAYERS = 4
-BF16_LOGIT_TOLERANCE = 0.05  # max |difference| of logits (dummy weights give logits of order 1)
-GRAPH_LOGIT_TOLERANCE = 1e-4  # fp32 dry run: the stand-in replay reruns the same ops on a padded batch
+# Max |difference| of logits between two bf16 runs (dummy weights give logits of order 1, where a
+# bf16 step is 0.008): padding, split-KV and kernel choice move them by a few such steps.
+LOGIT_TOLERANCE = 0.05
 DECODE_BATCHES = (1, 32, 128, 256)
+STAGES = ("compile", "plan", "backends", "graphs", "speed")
 
 
 class Report:
-    """results.jsonl records: {"kind", "status": "ok" | "FAIL" | "info", "ok": bool | None, ...}.
-    A measurement without a pass/fail criterion (decode speed) is "info" (ok None), never "ok"."""
+    """Appends to results.jsonl records {"kind", "status": "ok" | "FAIL" | "info", "ok": bool | None, ...}."""
 
     def __init__(self, out: Path) -> None:
-        self.out = out
         out.mkdir(parents=True, exist_ok=True)
         self.path = out / "results.jsonl"
-        self.path.write_text("")
-        self.failed: list[str] = []
-        self.lines: list[str] = []
+        self.failed = 0
 
     def add(self, kind: str, ok: bool, **fields: Any) -> None:
         self._write(kind, "ok" if ok else "FAIL", ok, fields)
@@ -67,18 +70,23 @@ class Report:
         self._write(kind, "info", None, fields)
 
     def _write(self, kind: str, status: str, ok: bool | None, fields: dict[str, Any]) -> None:
-        record = {"kind": kind, "status": status, "ok": ok, **fields}
         with self.path.open("a") as fh:
-            fh.write(json.dumps(record) + "\n")
-        line = f"{status:4} {kind} " + " ".join(f"{k}={v}" for k, v in fields.items())
-        print(line, flush=True)
-        self.lines.append(line)
-        if status == "FAIL":
-            self.failed.append(line)
+            fh.write(json.dumps({"kind": kind, "status": status, "ok": ok, **fields}) + "\n")
+        print(summary_line({"kind": kind, "status": status, **fields}), flush=True)
+        self.failed += status == "FAIL"
 
-    def finish(self) -> int:
-        (self.out / "summary.txt").write_text("\n".join(self.lines) + f"\n{len(self.failed)} failed\n")
-        return 1 if self.failed else 0
+
+def summary_line(record: dict[str, Any]) -> str:
+    fields = {k: v for k, v in record.items() if k not in ("kind", "status", "ok", "trace")}
+    return f"{record['status']:4} {record['kind']} " + " ".join(f"{k}={v}" for k, v in fields.items())
+
+
+def summarize(out: Path) -> int:
+    """summary.txt: one line per record, then the count of failures; 1 when any failed."""
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines() if line]
+    failed = sum(r["status"] == "FAIL" for r in records)
+    (out / "summary.txt").write_text("".join(summary_line(r) + "\n" for r in records) + f"{failed} failed\n")
+    return 1 if failed else 0
 
 
 def model_folder(root: Path, name: str, dry_run: bool) -> str:
@@ -97,12 +105,11 @@ def make_runner(path: str, backend: str, page_size: int, dry_run: bool, max_runn
     from runtime.execution.model_setup import load_model_for_serving
     from runtime.execution.resolve import resolve_config
 
-    device = "cpu" if dry_run else "cuda"
-    dtype = "float32" if dry_run else "bfloat16"
-    asked = "torch" if dry_run else backend
     cfg = resolve_config(ServerConfig(
-        model_path=path, device=device, load_format="dummy", dtype=dtype, page_size=page_size, attention_backend=asked,
-        max_total_tokens=kv_tokens, max_running_requests=max_running, context_length=2048, disable_cuda_graph=True,
+        model_path=path, device="cpu" if dry_run else "cuda", load_format="dummy",
+        dtype="bfloat16",  # FlashInfer has no fp32 kernels, and its stand-in refuses fp32 q as it does
+        page_size=page_size, attention_backend="torch" if dry_run else backend, max_total_tokens=kv_tokens,
+        max_running_requests=max_running, context_length=2048, disable_cuda_graph=True,
     ))
     loaded = load_model_for_serving(cfg)
     if dry_run and backend == "flashinfer":
@@ -113,17 +120,23 @@ def make_runner(path: str, backend: str, page_size: int, dry_run: bool, max_runn
 
 
 def check_backends(report: Report, root: Path, dry_run: bool) -> None:
+    """Every scenario on FlashInfer against the torch backend; one runner per (shape, backend,
+    page size), reused across scenarios (each scenario writes the KV it reads)."""
+    steps = 4 if dry_run else 32
     for name in REAL_SHAPES:
         path = model_folder(root, name, dry_run)
         for page_size in (1, 16):
+            runners: dict[str, Any] = {}
             for scenario in sorted(SCENARIOS):
                 start = time.perf_counter()
                 try:
-                    steps = 4 if dry_run else 32
-                    ours = run_scenario(make_runner(path, "flashinfer", page_size, dry_run), scenario, steps)
-                    oracle = run_scenario(make_runner(path, "torch", page_size, dry_run), scenario, steps)
+                    for backend in ("flashinfer", "torch"):
+                        if backend not in runners:
+                            runners[backend] = make_runner(path, backend, page_size, dry_run)
+                    ours = run_scenario(runners["flashinfer"], scenario, steps)
+                    oracle = run_scenario(runners["torch"], scenario, steps)
                     err = max_logit_error(ours, oracle)
-                    report.add("flashinfer_vs_torch", err < BF16_LOGIT_TOLERANCE, shape=name, page_size=page_size,
+                    report.add("flashinfer_vs_torch", err < LOGIT_TOLERANCE, shape=name, page_size=page_size,
                                scenario=scenario, max_logit_err=round(err, 5), s=round(time.perf_counter() - start, 1))
                 except Exception as exc:  # noqa: BLE001 - every case reports, whatever breaks
                     report.add("flashinfer_vs_torch", False, shape=name, page_size=page_size, scenario=scenario,
@@ -131,8 +144,9 @@ def check_backends(report: Report, root: Path, dry_run: bool) -> None:
 
 
 def _decode(runner, batch: int, steps: int) -> tuple[list[list[int]], list[torch.Tensor]]:
-    """Greedy decode of `batch` requests (prompt 16 tokens each) for `steps` steps: each row's
-    tokens, and each decode step's fp32 logits [batch, vocab] (on the CPU)."""
+    """Decode `batch` requests (prompt 16 tokens each) for `steps` steps, every step fed fixed
+    tokens (so two runners compared see the same inputs, whatever each samples): each row's
+    greedy tokens, and each decode step's fp32 logits [batch, vocab] (on the CPU)."""
     from runtime.contracts.sampling import SamplingParams
     from runtime.execution.forward_batch import ForwardEntry
 
@@ -141,13 +155,12 @@ def _decode(runner, batch: int, steps: int) -> tuple[list[list[int]], list[torch
     prompts = [ForwardEntry(row=r, input_ids=[(r * 13 + i) % 1000 + 1 for i in range(16)], prefix_len=0,
                             kv_write=list(range(1 + r * region, 17 + r * region)), kv_write_start=0, sampling=greedy)
                for r in range(batch)]
-    last = runner.forward(prompts).host_next_ids()
-    out = [[t] for t in last]
+    out = [[t] for t in runner.forward(prompts).host_next_ids()]
     logits = []
     for step in range(steps):
         n = 16 + step
-        entries = [ForwardEntry(row=r, input_ids=[out[r][-1]], prefix_len=n, kv_write=[1 + r * region + n],
-                                kv_write_start=n, sampling=greedy) for r in range(batch)]
+        entries = [ForwardEntry(row=r, input_ids=[(r * 7 + step * 11) % 1000 + 1], prefix_len=n,
+                                kv_write=[1 + r * region + n], kv_write_start=n, sampling=greedy) for r in range(batch)]
         result = runner.forward(entries, keep_logits=True)
         for r, t in enumerate(result.host_next_ids()):
             out[r].append(t)
@@ -158,13 +171,15 @@ def _decode(runner, batch: int, steps: int) -> tuple[list[list[int]], list[torch
 def compare_decodes(eager: tuple[list[list[int]], list[torch.Tensor]],
                     graphed: tuple[list[list[int]], list[torch.Tensor]],
                     replays: int, steps: int, tolerance: float) -> tuple[bool, dict[str, Any]]:
-    """Graph replay against eager: the same greedy tokens, logits within `tolerance`, and every
-    decode step replayed (a graphed runner that silently ran eagerly would compare eager with
-    eager). Returns (ok, the record's fields)."""
-    same_tokens = graphed[0] == eager[0]
+    """Graph replay against eager: logits within `tolerance` at every step, and every decode step
+    replayed (a graphed runner that silently ran eagerly would compare eager with eager). The
+    share of equal greedy tokens is reported, not required. Returns (ok, the record's fields)."""
+    tokens = [t for row in eager[0] for t in row]
+    same = sum(a == b for a, b in zip(tokens, [t for row in graphed[0] for t in row], strict=True))
     err = max_logit_error(graphed[1], eager[1])
-    fields = {"same_tokens": same_tokens, "max_logit_err": round(err, 6), "replays": replays, "steps": steps}
-    return same_tokens and err <= tolerance and replays == steps, fields
+    fields = {"max_logit_err": round(err, 6), "same_tokens": round(same / len(tokens), 3), "replays": replays,
+              "steps": steps}
+    return err <= tolerance and replays == steps, fields
 
 
 def check_graphs(report: Report, root: Path, dry_run: bool, batches: tuple[int, ...] = (1, 3, 8),
@@ -172,14 +187,15 @@ def check_graphs(report: Report, root: Path, dry_run: bool, batches: tuple[int, 
     """Decode through the graph replay path (captured graphs; on CPU their eager stand-ins, with
     the same static buffers, padding and per-bucket planning) against a plain eager runner."""
     path = model_folder(root, "llama-3.2-1b", dry_run)
+    eager_runner = make_runner(path, "flashinfer", 1, dry_run)
+    graphed = make_runner(path, "flashinfer", 1, dry_run)
+    graphed.init_cuda_graphs(8, capture=not dry_run)
+    replays = _count_replays(graphed)
     for batch in batches:
         try:
-            eager = _decode(make_runner(path, "flashinfer", 1, dry_run), batch, steps)
-            graphed = make_runner(path, "flashinfer", 1, dry_run)
-            graphed.init_cuda_graphs(8, capture=not dry_run)
-            replays = _count_replays(graphed)
-            ok, fields = compare_decodes(eager, _decode(graphed, batch, steps), replays["n"], steps,
-                                         GRAPH_LOGIT_TOLERANCE if dry_run else BF16_LOGIT_TOLERANCE)
+            replays["n"] = 0
+            eager = _decode(eager_runner, batch, steps)
+            ok, fields = compare_decodes(eager, _decode(graphed, batch, steps), replays["n"], steps, LOGIT_TOLERANCE)
             report.add("cuda_graph_vs_eager", ok, batch=batch, **fields)
         except Exception as exc:  # noqa: BLE001
             report.add("cuda_graph_vs_eager", False, batch=batch, error=f"{type(exc).__name__}: {exc}",
@@ -191,14 +207,38 @@ def _count_replays(runner) -> dict[str, int]:
     graphs = runner.graphs
     assert graphs is not None, "init_cuda_graphs() first"
     count = {"n": 0}
-    run = graphs.run
+    replay = graphs.replay
 
-    def counted(entries):
+    def counted(step, batch):  # type: ignore[no-untyped-def]
         count["n"] += 1
-        return run(entries)
+        return replay(step, batch)
 
-    graphs.run = counted
+    graphs.replay = counted
     return count
+
+
+class StepTimer:
+    """CUDA events at both ends of each step's device work (ModelRunner.step_marks): the GPU is
+    idle between one step's end and the next one's beginning, host preparation included."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    def device_work_begins(self) -> None:
+        begin = torch.cuda.Event(enable_timing=True)
+        begin.record()
+        self.events.append((begin, begin))
+
+    def device_work_ends(self) -> None:
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        self.events[-1] = (self.events[-1][0], end)
+
+    def idle_share(self) -> float:
+        torch.cuda.synchronize()
+        busy = sum(b.elapsed_time(e) for b, e in self.events)
+        span = self.events[0][0].elapsed_time(self.events[-1][1])
+        return max(0.0, 1 - busy / span) if span > 0 else 0.0
 
 
 def measure_decode(report: Report, root: Path, dry_run: bool) -> None:
@@ -231,50 +271,67 @@ def measure_decode(report: Report, root: Path, dry_run: bool) -> None:
 def _timed_decode(runner, batch: int, ctx: int, region: int, steps: int) -> dict[str, float]:
     from runtime.execution.forward_batch import ForwardEntry
 
-    cuda = runner.device.type == "cuda"
-    events = []
+    timer = StepTimer() if runner.device.type == "cuda" else None
+    runner.step_marks = timer
     start = time.perf_counter()
     for step in range(steps):
         n = ctx + step
         entries = [ForwardEntry(row=r, input_ids=[5], prefix_len=n, kv_write=[1 + r * region + n], kv_write_start=n)
                    for r in range(batch)]
-        if cuda:
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record(runner.stream)
-        result = runner.forward(entries)
-        if cuda:
-            end.record(runner.stream)
-            events.append((begin, end))
-        result.host_next_ids()
+        runner.forward(entries).host_next_ids()
     wall = time.perf_counter() - start
+    runner.step_marks = None
     timing = {"tok_per_s": round(batch * steps / wall, 1), "step_ms": round(1000 * wall / steps, 3)}
-    if cuda:
-        torch.cuda.synchronize()
-        busy = sum(b.elapsed_time(e) for b, e in events)
-        span = events[0][0].elapsed_time(events[-1][1])
-        timing["gpu_idle_between_steps"] = round(1 - busy / span, 3) if span > 0 else 0.0
+    if timer is not None:
+        timing["gpu_idle_between_steps"] = round(timer.idle_share(), 3)
     return timing
+
+
+def run_stage(stage: str, out: Path, dry_run: bool, archives: Path | None) -> int:
+    report = Report(out)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        if dry_run:
+            from tests.kernels import fake_flashinfer, fake_flashinfer_jit
+
+            fake_flashinfer.install_module()
+            fake_flashinfer_jit.install_module(root / "flashinfer")
+        if stage == "compile":
+            import gpu_compile
+
+            gpu_compile.run(report, out, archives)
+        elif stage == "plan":
+            import gpu_plan_bench
+
+            path = model_folder(root, "llama-3.2-1b", dry_run)
+            gpu_plan_bench.run(report, make_runner(path, "flashinfer", 1, dry_run, max_running=256,
+                                                   kv_tokens=4096 if dry_run else 256 * 1025 + 16), dry_run)
+        else:
+            {"backends": check_backends, "graphs": check_graphs, "speed": measure_decode}[stage](report, root, dry_run)
+    return 1 if report.failed else 0
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path)
-    parser.add_argument("--dry-run", action="store_true", help="on CPU, tiny shapes, FlashInfer's stand-in")
-    parser.add_argument("--only", default="backends,graphs,speed", help="comma-separated parts to run")
+    parser.add_argument("--stage", choices=STAGES)
+    parser.add_argument("--summarize", action="store_true", help="write OUT/summary.txt from results.jsonl")
+    parser.add_argument("--dry-run", action="store_true", help="on CPU, tiny shapes, FlashInfer's stand-ins")
+    parser.add_argument("--archives", type=Path, help="compile: unpack these built libraries first")
     args = parser.parse_args()
-    report = Report(args.out)
-    if args.dry_run:
-        from tests.kernels import fake_flashinfer
-
-        fake_flashinfer.install_module()
-    elif not torch.cuda.is_available():
+    if args.summarize:
+        return summarize(args.out)
+    if args.stage is None:
+        parser.error("--stage or --summarize")
+    if not args.dry_run and not torch.cuda.is_available():
         print("gpu_check: no CUDA device (use --dry-run on CPU)", file=sys.stderr)
         return 2
-    parts = {"backends": check_backends, "graphs": check_graphs, "speed": measure_decode}
-    with tempfile.TemporaryDirectory() as tmp:
-        for name in args.only.split(","):
-            parts[name](report, Path(tmp), args.dry_run)
-    return report.finish()
+    try:
+        return run_stage(args.stage, args.out, args.dry_run, args.archives)
+    except Exception as exc:  # noqa: BLE001 - a stage that cannot start still reports why
+        Report(args.out).add(f"stage_{args.stage}", False, error=f"{type(exc).__name__}: {exc}",
+                             trace=traceback.format_exc(limit=6))
+        return 1
 
 
 if __name__ == "__main__":

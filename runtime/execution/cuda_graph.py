@@ -140,7 +140,9 @@ class CudaGraphRunner:
         self.positions = torch.zeros(largest, dtype=torch.int64, device=device)
         self.out_cache_loc = torch.zeros(largest, dtype=torch.int64, device=device)
         self.padding_row = runner.req_to_token.padding_row
-        self.outputs: dict[int, torch.Tensor] = {}
+        # One fp32 logits buffer for every bucket (a bucket of B writes its first B rows): each
+        # graph keeping its own [B, vocab] output would hold ~2 GB over 35 buckets at a 128k vocab.
+        self.logits = torch.empty(largest, runner.model.global_config.vocab_size, dtype=torch.float32, device=device)
         self.graphs: dict[int, Graph] = {}
         table_width = runner.req_to_token.max_context_len
         runner.backend.init_cuda_graph(self.sizes, largest * (table_width // runner.page_size))
@@ -149,13 +151,19 @@ class CudaGraphRunner:
     def can_run(self, entries: list[ForwardEntry]) -> bool:
         return len(entries) <= self.sizes[-1] and is_graph_decode(entries)
 
-    def run(self, entries: list[ForwardEntry]) -> tuple[StepInputs, torch.Tensor]:
-        """Replay the bucket's graph for `entries`: (their step inputs, their fp32 logits [B, V])."""
+    def prepare(self, entries: list[ForwardEntry]) -> StepInputs:
+        """Pad `entries` to their bucket, fill the static buffers and plan the bucket's attention:
+        all the host work before replay()."""
         bucket = bucket_for(len(entries), self.sizes)
         assert bucket is not None, len(entries)
-        step = self.load(pad_entries(entries, bucket, self.padding_row))
+        return self.load(pad_entries(entries, bucket, self.padding_row))
+
+    def replay(self, step: StepInputs, batch: int) -> torch.Tensor:
+        """Replay the graph of the prepared `step`: the first `batch` rows' fp32 logits [B, V], a
+        view of the shared buffer the next replay overwrites."""
+        bucket = len(step.rows)
         self.graphs[bucket].replay()
-        return step, self.outputs[bucket][: len(entries)]
+        return self.logits[:batch]
 
     def load(self, padded: list[ForwardEntry]) -> StepInputs:
         """Prepare a bucket-sized batch, fill the static buffers and plan the bucket's attention."""
@@ -171,7 +179,7 @@ class CudaGraphRunner:
     def _forward(self, size: int) -> None:
         model = self.runner.model
         hidden = model.forward(self.input_ids[:size], self.positions[:size], self.runner.backend)
-        self.outputs[size] = model.compute_logits(hidden)
+        self.logits[:size].copy_(model.compute_logits(hidden))
 
     def _capture(self, capture: bool) -> None:
         pool = torch.cuda.graph_pool_handle() if capture else None

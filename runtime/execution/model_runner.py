@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
+from typing import Protocol
 
 import torch
 
@@ -27,6 +28,14 @@ from runtime.execution.step_inputs import StepInputs, prepare_step
 from runtime.execution.tp_step import SingleRank, StepFollower, StepHook, StepLeader
 
 __all__ = ["ForwardEntry", "ForwardResult", "ModelRunner", "StepInputs"]
+
+
+class StepMarks(Protocol):
+    """Called on the runner's stream at the two ends of a step's device work (CUDA events there):
+    between one step's end and the next one's beginning the GPU has nothing of ours queued."""
+
+    def device_work_begins(self) -> None: ...
+    def device_work_ends(self) -> None: ...
 
 
 class ModelRunner:
@@ -53,6 +62,7 @@ class ModelRunner:
         self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.graphs: CudaGraphRunner | None = None
         self.forward_s = 0.0  # wall time inside forward(), for the scheduler-overhead benchmark
+        self.step_marks: StepMarks | None = None  # the GPU check's timer of each step's device work
         self.forward_count = 0
         # Tensor parallelism joins through this hook (runtime/execution/tp_step.py): followers
         # until `lead_tensor_parallel` makes rank 0 the leader.
@@ -90,6 +100,8 @@ class ModelRunner:
         try:
             with self._on_stream():
                 result = self._forward(entries, keep_logits)
+                if self.step_marks is not None:
+                    self.step_marks.device_work_ends()
             if keep_logits and self.stream is not None:
                 self._hand_over(result)
             return result
@@ -106,6 +118,11 @@ class ModelRunner:
         caller.wait_stream(self.stream)
         result.last_logits.record_stream(caller)
 
+    def _device_work_begins(self) -> None:
+        """The step's host preparation (inputs, attention plan) is done: the model runs next."""
+        if self.step_marks is not None:
+            self.step_marks.device_work_begins()
+
     @contextlib.contextmanager
     def _on_stream(self) -> Iterator[None]:
         if self.stream is None:
@@ -119,11 +136,15 @@ class ModelRunner:
     @torch.inference_mode()
     def _forward(self, entries: list[ForwardEntry], keep_logits: bool) -> ForwardResult:
         if self.graphs is not None and self.graphs.can_run(entries):
-            step, logits = self.graphs.run(entries)
-            # The graph's logits buffer is rewritten by the next replay (and by in-place masks).
-            return self._sample(entries, step, None, logits.clone(), keep_logits)
+            step = self.graphs.prepare(entries)
+            self._device_work_begins()
+            logits = self.graphs.replay(step, len(entries))
+            # Sampling works in place on the graphs' shared logits buffer, before the next replay
+            # (on this stream) rewrites it; only logits handed to the caller need their own copy.
+            return self._sample(entries, step, None, logits.clone() if keep_logits else logits, keep_logits)
         step = self.prepare(entries)
         self.backend.plan(step.meta)
+        self._device_work_begins()
         hidden = self.model.forward(step.input_ids, step.meta.positions, self.backend)
         logits = self.model.compute_logits(hidden.index_select(0, step.last_rows))
         result = self._sample(entries, step, hidden, logits, keep_logits)

@@ -189,3 +189,24 @@ def test_torch_version_on_cuda_matches_cpu() -> None:
     gpu = logits.cuda()
     apply_token_bitmask(gpu, bitmask.cuda(), [0, 3])
     assert torch.equal(gpu.cpu(), cpu)
+
+
+
+def test_every_row_in_one_pass_without_a_row_index() -> None:
+    """The GPU way (apply_row_bitmasks hands it every row, the unconstrained ones all ones): no row
+    index built from a host list (a blocking copy on a GPU), and no per-row fills."""
+    from tests.runtime.execution.test_sync_free_step import SyncRecorder
+
+    vocab, batch = 100, 3
+    bitmask = torch.full((batch, bitmask_words(vocab)), -1, dtype=torch.int32)
+    bitmask[1] = 0
+    bitmask[1, 0] = 0b101  # row 1 allows tokens 0 and 2 only
+    logits = torch.randn(batch, vocab)
+    expected = logits.clone()
+    expected[1, 1] = float("-inf")
+    expected[1, 3:] = float("-inf")
+    apply_token_bitmask_torch(torch.randn(batch, vocab), bitmask, [0])  # the bit table, cached per device
+    with SyncRecorder() as recorder:
+        apply_token_bitmask_torch(logits, bitmask, list(range(batch)))
+    assert recorder.calls == [], recorder.calls
+    assert torch.equal(logits, expected)
