@@ -26,7 +26,7 @@ import torch
 
 from kernels.base import AttentionBackend, ForwardMetadata
 from kernels.flashinfer_staging import PlanStaging
-from kernels.flashinfer_support import PREFILL_BACKEND, WORKSPACE_BYTES, decode_uses_tensor_cores
+from kernels.flashinfer_support import PREFILL_BACKEND, WORKSPACE_BYTES, decode_uses_tensor_cores, import_flashinfer
 from kernels.kv_pool import KVPool
 
 
@@ -37,8 +37,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         self, pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int, q_dtype: torch.dtype,
         workspace_bytes: int = WORKSPACE_BYTES,
     ) -> None:
-        import flashinfer
-
+        flashinfer = import_flashinfer()
         self.flashinfer = flashinfer
         self.pool = pool
         self.num_heads = num_heads

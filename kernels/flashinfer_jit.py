@@ -1,19 +1,21 @@
-"""FlashInfer's kernels for our attention, built ahead of time in one parallel build.
+"""FlashInfer's kernels for our models, built ahead of time in one parallel build.
 
-FlashInfer 0.6.x compiles each kernel module with nvcc the first time a wrapper's plan() needs it
-(one module per dtype and head size: about 10 `.cu` files, half a minute or more each), one module
-after another, inside the first request. `build_attention_modules` builds exactly the modules our
-backend's plan() calls will ask for, all in one ninja run (`build_jit_specs`, FlashInfer's own AOT
-entry point, parallel over MAX_JOBS), so serving and the GPU check pay the compile once, up front,
-in the time it takes the slowest module.
+FlashInfer 0.6.x compiles each kernel module with nvcc the first time a call needs it (an
+attention module per dtype and head size is about 10 `.cu` files, half a minute or more), one
+module after another, inside the first request. `build_modules` builds exactly the modules our
+calls will ask for, all in one ninja run (`build_jit_specs`, FlashInfer's own AOT entry point,
+parallel over MAX_JOBS), so serving and the GPU check pay the compile once, up front, in about
+the time of the slowest module.
 
-Which modules (FlashInfer 0.6.18's wrappers, as kernels/flashinfer_backend.py plans them: int32
-indices, no positional encoding, sliding window or soft cap, o dtype = q dtype):
+Which modules (FlashInfer 0.6.18's, as our code calls it: int32 indices, no positional encoding,
+sliding window or soft cap in attention, o dtype = q dtype):
 - `batch_prefill_..._f16qk_False` (FA2) per head size: the prefill wrapper, and also the
   tensor-core decode (decode.py's plan builds it through get_batch_prefill_module("fa2", ...));
-- `batch_decode_...` per head size: the CUDA-core decode (GQA groups 1, 2, 3 in 16-bit KV).
+- `batch_decode_...` per head size: the CUDA-core decode (GQA groups 1, 2, 3 in 16-bit KV);
+- `norm`, `rope`, `silu_and_mul`: the fused per-token ops (kernels/flashinfer_ops.py; norm on
+  its CUDA kernels, see flashinfer_support.import_flashinfer).
 A module found in FlashInfer's AOT directory (`flashinfer/data/aot/<name>/<name>.so`, where
-scripts/gpu_check.sh unpacks the archives of an earlier run) is loaded from there, not rebuilt.
+scripts/gpu_compile.py unpacks the archives of an earlier run) is loaded from there, not rebuilt.
 """
 
 from __future__ import annotations
@@ -27,27 +29,37 @@ from typing import Any
 
 import torch
 
-# The arguments of FlashInfer's gen_batch_prefill_module / gen_batch_decode_module after the
-# dtypes and head sizes: pos_encoding_mode 0 (NONE), use_sliding_window, use_logits_soft_cap,
-# and (prefill only) use_fp16_qk_reduction. Our plan() calls leave all of them at their defaults.
+# After the dtypes and head sizes, gen_batch_prefill_module / gen_batch_decode_module take
+# pos_encoding_mode (0: NONE), use_sliding_window, use_logits_soft_cap and (prefill only)
+# use_fp16_qk_reduction. Our plan() calls leave all of them at their defaults.
 _POS_ENCODING_NONE = 0
+ELEMENTWISE = ("norm", "rope", "silu_and_mul")
 
 
 @dataclasses.dataclass(frozen=True)
-class AttentionModule:
-    """One FlashInfer kernel module our backend needs."""
+class KernelModule:
+    """One FlashInfer kernel module our code needs."""
 
-    kind: str  # "prefill" (FA2; also the tensor-core decode) or "decode" (CUDA cores)
-    head_dim: int
-    dtype: torch.dtype
+    kind: str  # "prefill" (FA2; also the tensor-core decode), "decode" (CUDA cores), or ELEMENTWISE
+    head_dim: int = 0  # attention only
+    dtype: torch.dtype | None = None  # attention only
 
     @property
     def label(self) -> str:
-        """A short file-name-safe label ("prefill-hd128-bf16")."""
+        """A short file-name-safe label ("prefill-hd128-bfloat16", "norm")."""
+        if self.kind in ELEMENTWISE:
+            return self.kind
         return f"{self.kind}-hd{self.head_dim}-{str(self.dtype).removeprefix('torch.')}"
+
+    @property
+    def group(self) -> str:
+        """The archive it travels in: one per head size, one for the per-token ops."""
+        return "elementwise" if self.kind in ELEMENTWISE else f"attention-hd{self.head_dim}"
 
     def spec(self, jit: Any) -> Any:
         """The module's JitSpec from `jit` (flashinfer.jit, or its stand-in)."""
+        if self.kind in ELEMENTWISE:
+            return _elementwise_spec(jit, self.kind)
         dtypes = (self.dtype, self.dtype, self.dtype, torch.int32)
         common = (self.head_dim, self.head_dim, _POS_ENCODING_NONE, False, False)
         if self.kind == "prefill":
@@ -55,12 +67,19 @@ class AttentionModule:
         return jit.gen_batch_decode_module(*dtypes, *common)
 
 
-def attention_modules(head_dims: list[int], dtypes: list[torch.dtype], cuda_core_decode: bool = True
-                      ) -> list[AttentionModule]:
-    """The modules for these head sizes and dtypes: FA2 prefill always, and the CUDA-core decode
-    when some model will use it (`kernels.flashinfer_support.decode_uses_tensor_cores`)."""
+def _elementwise_spec(jit: Any, kind: str) -> Any:
+    if kind == "silu_and_mul":
+        return importlib.import_module(f"{jit.__name__}.activation").gen_act_and_mul_module("silu")
+    return getattr(importlib.import_module(f"{jit.__name__}.{kind}"), f"gen_{kind}_module")()
+
+
+def needed_modules(head_dims: list[int], dtypes: list[torch.dtype], cuda_core_decode: bool = True,
+                   fused_ops: bool = True) -> list[KernelModule]:
+    """The modules for these head sizes and dtypes: FA2 prefill always, the CUDA-core decode when
+    some model will use it (`flashinfer_support.decode_uses_tensor_cores`), and the fused ops."""
     kinds = ("prefill", "decode") if cuda_core_decode else ("prefill",)
-    return [AttentionModule(kind, hd, dt) for hd in sorted(set(head_dims)) for dt in dtypes for kind in kinds]
+    modules = [KernelModule(kind, hd, dt) for hd in sorted(set(head_dims)) for dt in dtypes for kind in kinds]
+    return modules + ([KernelModule(kind) for kind in ELEMENTWISE] if fused_ops else [])
 
 
 @dataclasses.dataclass
@@ -71,8 +90,7 @@ class BuildResult:
     libraries: dict[str, Path]  # name -> the .so to load (AOT or freshly built)
 
 
-def build_attention_modules(modules: list[AttentionModule], jit: Any | None = None, verbose: bool = False
-                            ) -> BuildResult:
+def build_modules(modules: list[KernelModule], jit: Any | None = None, verbose: bool = False) -> BuildResult:
     """Build the modules not yet prebuilt, in one parallel ninja run (MAX_JOBS jobs; FlashInfer
     defaults to the core count), and return where each module's library is."""
     if jit is None:
@@ -86,23 +104,24 @@ def build_attention_modules(modules: list[AttentionModule], jit: Any | None = No
     return BuildResult({m.label: s.name for m, s in zip(modules, specs, strict=True)}, prebuilt, seconds, libraries)
 
 
-def pack_library(name: str, library: Path, archive: Path) -> int:
-    """Write `library` into the xz tar `archive` as FlashInfer's AOT directory lays it out
-    (`<name>/<name>.so`, jit/core.py's aot_path); returns the archive's size in bytes."""
+def pack_libraries(libraries: dict[str, Path], archive: Path) -> int:
+    """Write the libraries (module name -> .so) into the xz tar `archive` as FlashInfer's AOT
+    directory lays them out (`<name>/<name>.so`, jit/core.py's aot_path); returns its size."""
     with tarfile.open(archive, "w:xz", preset=4) as tar:
-        tar.add(library, arcname=f"{name}/{name}.so")
+        for name, library in libraries.items():
+            tar.add(library, arcname=f"{name}/{name}.so")
     return archive.stat().st_size
 
 
 def unpack_libraries(archive: Path, aot_dir: Path) -> list[str]:
-    """Unpack an archive of pack_library into FlashInfer's AOT directory, where its loader finds
-    the library instead of building it; returns the module names. Refuses any other layout."""
+    """Unpack an archive of pack_libraries into FlashInfer's AOT directory, where its loader finds
+    the libraries instead of building them; returns the module names. Refuses any other layout."""
     names = []
     with tarfile.open(archive, "r:xz") as tar:
         members = tar.getmembers()
         for member in members:
             name, _, file = member.name.partition("/")
-            if not (member.isfile() and file == f"{name}.so" and "/" not in file and name and ".." not in name):
+            if not (member.isfile() and file == f"{name}.so" and name and ".." not in name):
                 raise ValueError(f"{archive}: unexpected member {member.name!r}")
             names.append(name)
         aot_dir.mkdir(parents=True, exist_ok=True)

@@ -20,9 +20,11 @@ Facts from FlashInfer 0.6.x's source that the rules encode:
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 import shutil
+from types import ModuleType
 
 CUDA_CORE_DECODE_GROUP_SIZES = frozenset({1, 2, 3, 4, 6, 8})
 TENSOR_CORE_MIN_GROUP = 4  # SGLang's rule for 16-bit KV caches
@@ -80,3 +82,12 @@ def jit_problem(nvcc: str | None, prebuilt: bool) -> str | None:
             "torch's CUDA (e.g. `apt install cuda-nvcc-13-0`, then set CUDA_HOME), or `pip install "
             "flashinfer-jit-cache` from FlashInfer's wheel index for your CUDA version, or use "
             "--attention-backend torch")
+
+
+def import_flashinfer() -> ModuleType:
+    """`import flashinfer`, with its RMSNorm on the CUDA kernels it JIT-builds (the module
+    kernels/flashinfer_jit.py builds ahead of time) rather than the CuTe DSL ones, which it picks
+    when nvidia-cutlass-dsl is installed and which compile at run time. Set before the first import:
+    flashinfer.norm reads FLASHINFER_USE_CUDA_NORM when it is imported."""
+    os.environ.setdefault("FLASHINFER_USE_CUDA_NORM", "1")
+    return importlib.import_module("flashinfer")

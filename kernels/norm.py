@@ -1,16 +1,20 @@
 """RMSNorm computed in fp32 and cast back, with the fused residual-add form used between layers.
 
-With our C++ CPU kernels set (`kernels`, see runtime/execution/cpu_kernels.py) a 2-D call is one fused op
-with the same rounding order (bit-identical in bf16); otherwise, and for other shapes, torch ops.
+With fused ops set (`kernels`, a kernels/fused_ops.FusedOps) a 2-D call is one fused op: our C++
+CPU kernels keep the same rounding order (bit-identical in bf16), FlashInfer's on CUDA round once
+in fp32. Otherwise, and for other shapes, torch ops.
 """
 
 from __future__ import annotations
 
-from types import ModuleType
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+if TYPE_CHECKING:
+    from kernels.fused_ops import FusedOps
 
 
 class RMSNorm(nn.Module):
@@ -21,7 +25,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim, dtype=dtype, device=device), requires_grad=False)
         self.eps = eps
         self.normalized_shape = (dim,)
-        self.kernels: ModuleType | None = None  # our C++ CPU kernels, when the model uses them
+        self.kernels: FusedOps | None = None  # fused ops, when the model uses them
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         """Without `residual`: norm(x). With it: (norm(x + residual), x + residual), as in SGLang.

@@ -36,12 +36,21 @@ def _llama3_scaled(inv_freq: torch.Tensor, s: dict[str, Any]) -> torch.Tensor:
     return torch.where(is_medium, smoothed, scaled)
 
 
+def _cos_sin(head_dim: int, max_positions: int, theta: float, scaling: dict[str, Any] | None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 cos and sin [max_positions, head_dim / 2] of every position's angles."""
+    freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inverse_frequencies(head_dim, theta, scaling))
+    return freqs.cos(), freqs.sin()
+
+
 class RotaryRows(NamedTuple):
-    """One step's rotary rows: cos and signed sin [T, 1, head_dim] (views), and the rows [T, 2 * head_dim]."""
+    """One step's rotary rows: cos and signed sin [T, 1, head_dim] (views), the rows [T, 2 * head_dim],
+    and the positions [T] they were looked up at."""
 
     cos: torch.Tensor
     sin: torch.Tensor
     table: torch.Tensor
+    positions: torch.Tensor
 
 
 class RotaryEmbedding(nn.Module):
@@ -63,19 +72,24 @@ class RotaryEmbedding(nn.Module):
         device: torch.device | None = None,
     ) -> None:
         super().__init__()
-        inv_freq = inverse_frequencies(head_dim, theta, scaling)
-        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
-        cos, sin = freqs.cos(), freqs.sin()
+        self.angles = (head_dim, max_positions, theta, scaling)
+        cos, sin = _cos_sin(*self.angles)
         # rotate_half(x) * sin == cat(x2, x1) * cat(-sin, sin): fold the sign into the table.
         table = torch.cat([cos, cos, -sin, sin], dim=-1)
         self.register_buffer("cos_sin", table.to(device=device, dtype=dtype), persistent=False)
         self.head_dim = head_dim
 
+    def cos_sin_half_fp32(self) -> torch.Tensor:
+        """The fp32 table [max_positions, head_dim] of cos (first half) and sin (second half), the
+        layout of FlashInfer's `apply_rope_with_cos_sin_cache_inplace`, on this table's device."""
+        cos, sin = _cos_sin(*self.angles)
+        return torch.cat([cos, sin], dim=-1).to(self.cos_sin.device)
+
     def lookup(self, positions: torch.Tensor) -> RotaryRows:
         """The table rows of the tokens at `positions` [T]: once per step, for every layer."""
         table = self.cos_sin.index_select(0, positions)
         rows = table.unsqueeze(1)
-        return RotaryRows(rows[..., : self.head_dim], rows[..., self.head_dim :], table)
+        return RotaryRows(rows[..., : self.head_dim], rows[..., self.head_dim :], table, positions)
 
     @staticmethod
     def rotate(x: torch.Tensor, rows: RotaryRows) -> torch.Tensor:

@@ -242,11 +242,10 @@ def resolve_attention_backend(name: str, device: torch.device, dtype: str, kv_dt
     """`choose_attention_backend` with this machine's probes (flashinfer imported only on CUDA)."""
     if name == "torch" or device.type != "cuda":
         return choose_attention_backend(name, device.type, dtype, kv_dtype, False, None)
-    from kernels.flashinfer_support import find_nvcc, has_prebuilt_kernels, jit_problem
+    from kernels.flashinfer_support import find_nvcc, has_prebuilt_kernels, import_flashinfer, jit_problem
 
     try:
-        import flashinfer  # noqa: F401
-
+        import_flashinfer()
         importable = True
     except ImportError:
         importable = False

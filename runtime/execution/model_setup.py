@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from kernels.base import AttentionBackend
+from kernels.fused_ops import CpuFusedOps
 from kernels.kv_pool import KVPool, ReqToTokenPool
 from runtime.contracts.config import ServerConfig, read_model_json
 from runtime.contracts.model_config import ModelConfig
@@ -65,7 +66,8 @@ def load_model_for_serving(config: ServerConfig, tp: TensorParallel | None = Non
     if device.type == "cpu" and dtype in (torch.float32, torch.bfloat16):  # the kernels' dtypes
         from runtime.execution.cpu_kernels import load_cpu_kernels
 
-        model.use_cpu_kernels(load_cpu_kernels())
+        ext = load_cpu_kernels()
+        model.use_fused_ops(CpuFusedOps(ext) if ext is not None else None)
     kv_dtype = DTYPES[config.kv_cache_dtype]
     ps = config.page_size
     max_total = config.max_total_tokens or _cuda_kv_tokens(config, local, kv_dtype)
@@ -78,6 +80,8 @@ def load_model_for_serving(config: ServerConfig, tp: TensorParallel | None = Non
     width = -(-config.context_length // ps) * ps
     req_to_token = ReqToTokenPool(max_running, width, device)
     backend = make_backend(config.attention_backend, kv_pool, local, dtype)
+    if config.attention_backend == "flashinfer":
+        use_flashinfer_ops(model)
     resolved = config.replace(max_total_tokens=num_slots - ps, max_running_requests=max_running)
     return LoadedModel(resolved, model_config, model, device, dtype, ps, kv_pool, req_to_token, backend, tp)
 
@@ -91,3 +95,11 @@ def _cuda_kv_tokens(config: ServerConfig, mc: ModelConfig, kv_dtype: torch.dtype
     if tokens <= 0:
         raise RuntimeError(f"no GPU memory left for the KV cache (free {free / 2**30:.1f} GiB)")
     return tokens
+
+
+def use_flashinfer_ops(model: CausalLM) -> None:
+    """FlashInfer's fused norm, activation and rotary kernels for the model (with its attention)."""
+    from kernels.flashinfer_ops import FlashInferFusedOps
+    from kernels.flashinfer_support import import_flashinfer
+
+    model.use_fused_ops(FlashInferFusedOps(import_flashinfer(), model.model.rotary))

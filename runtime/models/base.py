@@ -16,13 +16,13 @@ same layers run on one rank, where the shards are whole and the collectives do n
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from types import ModuleType
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from kernels.base import AttentionBackend
+from kernels.fused_ops import FusedOps
 from kernels.linear import Linear
 from kernels.norm import RMSNorm
 from kernels.rotary import RotaryEmbedding, RotaryRows
@@ -58,7 +58,7 @@ class Attention(nn.Module):
             cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.qkv_bias, tp, dtype, device
         )
         self.o_proj = RowParallelLinear(cfg.q_size, cfg.hidden_size, cfg.o_bias, tp, dtype, device, plan.q_rows)
-        self.kernels: ModuleType | None = None  # our C++ CPU kernels: the rotary in one op
+        self.kernels: FusedOps | None = None  # fused ops: the rotary in one op
         self.qk_norm = cfg.qk_norm
         if cfg.qk_norm:
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, dtype, device)
@@ -72,7 +72,7 @@ class Attention(nn.Module):
         v = qkv[:, self.q_size + self.kv_size :].view(T, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             qk = torch.cat([self.q_norm(qk[:, :nh]), self.k_norm(qk[:, nh:])], dim=1)
-        qk = (self.kernels.rotary(qk, cos_sin.table) if self.kernels is not None
+        qk = (self.kernels.rotary(qk, cos_sin) if self.kernels is not None
               else RotaryEmbedding.rotate(qk, cos_sin))
         # NOTE: q, k and v are strided views (rows of a wider tensor); split dims with view, not flatten T.
         out: torch.Tensor = self.o_proj(backend.forward(self.layer_id, qk[:, :nh], qk[:, nh:], v))
@@ -88,7 +88,7 @@ class MLP(nn.Module):
         size = cfg.intermediate_size
         self.gate_up_proj = ColumnParallelLinear(cfg.hidden_size, [size, size], cfg.mlp_bias, tp, dtype, device)
         self.down_proj = RowParallelLinear(size, cfg.hidden_size, cfg.mlp_bias, tp, dtype, device)
-        self.kernels: ModuleType | None = None  # our C++ CPU kernels: SiLU(gate) * up in one op
+        self.kernels: FusedOps | None = None  # fused ops: SiLU(gate) * up in one op
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(h)
@@ -185,12 +185,12 @@ class CausalLM(nn.Module):
         logits: torch.Tensor = self.lm_head(hidden)
         return logits
 
-    def use_cpu_kernels(self, kernels: ModuleType | None) -> None:
-        """Run the norms, the MLP activation and the rotary through our fused C++ CPU kernels
-        (None: torch ops)."""
+    def use_fused_ops(self, ops: FusedOps | None) -> None:
+        """Run the norms, the MLP activation and the rotary through fused ops (kernels/fused_ops.py;
+        None: torch ops)."""
         for module in self.modules():
             if isinstance(module, (RMSNorm, MLP, Attention)):
-                module.kernels = kernels
+                module.kernels = ops
 
     def quantizable_linears(self) -> Iterator[Linear]:
         """The linears a weight quantization applies to: the decoder's, not the lm_head.

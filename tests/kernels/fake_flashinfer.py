@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.kernels import fake_flashinfer_checks as check
+from tests.kernels import fake_flashinfer_ops
 from tests.kernels.fake_flashinfer_checks import CUDA_CORE_GROUPS  # noqa: F401 (part of the stand-in's API)
 
 PLANS: list[tuple[str, dict[str, Any]]] = []
@@ -285,6 +286,8 @@ def _module() -> types.ModuleType:
     module = types.ModuleType("flashinfer")
     module.BatchPrefillWithPagedKVCacheWrapper = BatchPrefillWithPagedKVCacheWrapper  # type: ignore[attr-defined]
     module.BatchDecodeWithPagedKVCacheWrapper = BatchDecodeWithPagedKVCacheWrapper  # type: ignore[attr-defined]
+    for function in fake_flashinfer_ops.FUNCTIONS:  # the fused per-token kernels
+        setattr(module, function.__name__, function)
     return module
 
 

@@ -87,13 +87,34 @@ def build_jit_specs(specs: list[JitSpec], verbose: bool = False, skip_prebuilt: 
     BUILT.append(built)
 
 
+def gen_norm_module() -> JitSpec:  # flashinfer.jit.norm
+    return JitSpec("norm")
+
+
+def gen_rope_module() -> JitSpec:  # flashinfer.jit.rope
+    return JitSpec("rope")
+
+
+def gen_act_and_mul_module(act_func_name: str) -> JitSpec:  # flashinfer.jit.activation
+    if act_func_name not in ("silu", "gelu", "gelu_tanh"):
+        raise KeyError(act_func_name)
+    return JitSpec(f"{act_func_name}_and_mul")
+
+
 def install_module(root: Path) -> types.ModuleType:
-    """Register the stand-in as `flashinfer.jit`, with its JIT and AOT directories under `root`."""
+    """Register the stand-in as `flashinfer.jit` (and its submodules norm, rope, activation), with
+    its JIT and AOT directories under `root`."""
     env.FLASHINFER_JIT_DIR = root / "cached_ops"
     env.FLASHINFER_AOT_DIR = root / "aot"
     module = types.ModuleType("flashinfer.jit")
-    for name in ("env", "JitSpec", "gen_batch_prefill_module", "gen_batch_decode_module", "build_jit_specs"):
+    for name in ("env", "JitSpec", "gen_batch_prefill_module", "gen_batch_decode_module", "build_jit_specs",
+                 "gen_act_and_mul_module"):
         setattr(module, name, globals()[name])
+    for sub, function in (("norm", gen_norm_module), ("rope", gen_rope_module), ("activation", gen_act_and_mul_module)):
+        submodule = types.ModuleType(f"flashinfer.jit.{sub}")
+        setattr(submodule, function.__name__, function)
+        setattr(module, sub, submodule)
+        sys.modules[f"flashinfer.jit.{sub}"] = submodule
     sys.modules["flashinfer.jit"] = module
     parent = sys.modules.get("flashinfer")
     if parent is not None:

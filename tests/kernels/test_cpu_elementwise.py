@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from kernels.fused_ops import CpuFusedOps
 from kernels.norm import RMSNorm
 from kernels.rotary import RotaryEmbedding
 from runtime.execution.cpu_kernels import load_cpu_kernels
@@ -55,7 +56,7 @@ def test_rms_norm_with_and_without_residual(kernels, dtype: torch.dtype, rows: i
         norm.weight.copy_(torch.rand(96, generator=gen) + 0.5)
     x, residual = (torch.randn(rows, 96, generator=gen).to(dtype) * 3 for _ in range(2))
     want_plain, (want_normed, want_sum) = norm(x), norm(x, residual)
-    norm.kernels = kernels
+    norm.kernels = CpuFusedOps(kernels)
     got_plain, (got_normed, got_sum) = norm(x), norm(x, residual)
     _close(got_plain, want_plain)
     _close(got_normed, want_normed)
@@ -102,7 +103,7 @@ def test_model_with_kernels_matches_without(default_model_path: str, dtype: str,
     logits = []
     for with_kernels in (True, False):
         if not with_kernels:
-            engine.runner.model.use_cpu_kernels(None)
+            engine.runner.model.use_fused_ops(None)
             engine.runner.backend.decoder.kernels = None
         seq = engine.new_seq(prompt)
         for token in (300, 301, 302, 303):  # the same tokens for both: prefill, then decode steps

@@ -1,0 +1,81 @@
+"""Stand-ins for FlashInfer's fused per-token kernels (0.6.18.post1: flashinfer/norm, activation.py,
+rope.py), with their signatures and the checks they make, computed in torch the way the kernels
+compute: fp32 inside, one rounding to the activation dtype. tests/kernels/fake_flashinfer.py puts
+them on the stand-in module."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+HALF_DTYPES = (torch.float16, torch.bfloat16)  # DISPATCH_PYTORCH_DTYPE_TO_CTYPE_FP16
+
+
+def _check_half(name: str, t: torch.Tensor) -> None:
+    if t.dtype not in HALF_DTYPES:
+        raise TypeError(f"{name}: FlashInfer's kernel has no {t.dtype} instance")
+
+
+def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
+
+
+def rmsnorm(input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None,
+            enable_pdl: bool | None = None) -> torch.Tensor:
+    _check_half("rmsnorm", input)
+    if input.dim() not in (2, 3) or input.stride(-1) != 1 or weight.shape != input.shape[-1:]:
+        raise ValueError(f"rmsnorm: input {tuple(input.shape)}, weight {tuple(weight.shape)}")
+    result = _norm(input, weight, eps)
+    if out is None:
+        return result
+    out.copy_(result)
+    return out
+
+
+def fused_add_rmsnorm(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
+                      enable_pdl: bool | None = None) -> None:
+    """residual += input; input = norm(residual) * weight (both in place)."""
+    _check_half("fused_add_rmsnorm", input)
+    if input.dim() != 2 or input.shape != residual.shape or not (input.is_contiguous() and residual.is_contiguous()):
+        raise ValueError(f"fused_add_rmsnorm: input {tuple(input.shape)}, residual {tuple(residual.shape)}")
+    if residual.dtype != input.dtype:
+        raise TypeError("fused_add_rmsnorm: residual and input dtypes differ")
+    summed = (input.float() + residual.float()).to(input.dtype)  # the kernel stores the sum rounded
+    residual.copy_(summed)
+    input.copy_(_norm(summed, weight, eps))
+
+
+def silu_and_mul(input: torch.Tensor, out: torch.Tensor | None = None, enable_pdl: bool | None = None
+                 ) -> torch.Tensor:
+    _check_half("silu_and_mul", input)
+    if input.shape[-1] * input.dtype.itemsize % 16 != 0:
+        raise ValueError("The pointers must be multiple of 16 bytes.")
+    gate, up = input.float().chunk(2, dim=-1)
+    result = (F.silu(gate) * up).to(input.dtype)
+    if out is None:
+        return result
+    out.copy_(result)
+    return out
+
+
+def apply_rope_with_cos_sin_cache_inplace(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+                                          head_size: int, cos_sin_cache: torch.Tensor, is_neox: bool = True) -> None:
+    if cos_sin_cache.dtype != torch.float32:
+        raise ValueError("cos_sin_cache should be float32")
+    if positions.dtype not in (torch.int32, torch.int64) or positions.shape != query.shape[:1] != key.shape[:1]:
+        raise ValueError(f"positions {positions.dtype} {tuple(positions.shape)}")
+    if not is_neox:
+        raise NotImplementedError("the stand-in rotates the neox (rotate_half) layout only")
+    rotary_dim = cos_sin_cache.shape[1]
+    cos, sin = cos_sin_cache.index_select(0, positions.long()).chunk(2, dim=-1)  # [T, rotary_dim / 2] each
+    for x in (query, key):
+        _check_half("apply_rope_with_cos_sin_cache_inplace", x)
+        heads = x.view(x.shape[0], -1, head_size)  # raises, as in FlashInfer, when a row cannot be viewed so
+        part = heads[..., :rotary_dim].float()
+        x1, x2 = part.chunk(2, dim=-1)
+        c, s = cos[:, None], sin[:, None]
+        heads[..., :rotary_dim] = torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
+
+
+FUNCTIONS = (rmsnorm, fused_add_rmsnorm, silu_and_mul, apply_rope_with_cos_sin_cache_inplace)
