@@ -13,7 +13,8 @@ sliding window or soft cap in attention, o dtype = q dtype):
   tensor-core decode (decode.py's plan builds it through get_batch_prefill_module("fa2", ...));
 - `batch_decode_...` per head size: the CUDA-core decode (GQA groups 1, 2, 3 in 16-bit KV);
 - `norm`, `rope`, `silu_and_mul`: the fused per-token ops (kernels/flashinfer_ops.py; norm on
-  its CUDA kernels, see flashinfer_support.import_flashinfer).
+  its CUDA kernels, see flashinfer_support.import_flashinfer), and `sampling`: the sort-free
+  top-k/top-p draws (kernels/flashinfer_sampling.py).
 A module found in FlashInfer's AOT directory (`flashinfer/data/aot/<name>/<name>.so`, where
 scripts/gpu_compile.py unpacks the archives of an earlier run) is loaded from there, not rebuilt.
 """
@@ -33,7 +34,7 @@ import torch
 # pos_encoding_mode (0: NONE), use_sliding_window, use_logits_soft_cap and (prefill only)
 # use_fp16_qk_reduction. Our plan() calls leave all of them at their defaults.
 _POS_ENCODING_NONE = 0
-ELEMENTWISE = ("norm", "rope", "silu_and_mul")
+ELEMENTWISE = ("norm", "rope", "silu_and_mul", "sampling")
 
 
 @dataclasses.dataclass(frozen=True)

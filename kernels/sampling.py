@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import chain
+from typing import Protocol
 
 import torch
 
@@ -55,6 +56,16 @@ class RowGroup:
     top_ps: torch.Tensor  # fp32 [G]; +inf where unlimited (top_p == 1)
     min_ps: torch.Tensor | None  # fp32 [G]; None when no row uses min_p
     width: int  # first candidate width to try
+
+
+class TruncatedSampler(Protocol):
+    """A device's own way to draw from top-k / top-p limited rows (kernels/flashinfer_sampling.py).
+
+    probs fp32 [G, V]; top_k int64 [G] (V: unlimited); top_p fp32 [G] (inf: unlimited); one seed
+    per row (already mixed with the step) or None. Returns int64 [G] token ids."""
+
+    def __call__(self, probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, seeds: list[int | None],
+                 generator: torch.Generator | None) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True)
@@ -333,9 +344,11 @@ def _exp_noise(
 
 
 def _draw_group(
-    probs: torch.Tensor, group: RowGroup, generator: torch.Generator | None
+    probs: torch.Tensor, group: RowGroup, generator: torch.Generator | None, truncated: TruncatedSampler | None
 ) -> torch.Tensor:
     vocab = probs.shape[-1]
+    if group.truncated and truncated is not None and group.min_ps is None:
+        return truncated(probs, group.top_ks, group.top_ps, group.seeds, generator)
     if group.truncated:
         p, ids = _candidates(probs, group.top_ks, group.top_ps, group.min_ps, group.width)
     else:
@@ -349,7 +362,7 @@ def _draw_group(
 
 
 def _draw(
-    logits: torch.Tensor, batch: SamplingBatch, generator: torch.Generator | None
+    logits: torch.Tensor, batch: SamplingBatch, generator: torch.Generator | None, truncated: TruncatedSampler | None
 ) -> torch.Tensor:
     """Sample the live rows group by group; greedy rows take argmax."""
     rows = batch.live_index
@@ -359,7 +372,7 @@ def _draw(
     sampled = torch.empty(len(batch.live_rows), dtype=torch.int64, device=logits.device)
     for group in batch.groups:
         pos = group.positions
-        ids = _draw_group(probs if pos is None else probs[pos], group, generator)
+        ids = _draw_group(probs if pos is None else probs[pos], group, generator, truncated)
         sampled = ids if pos is None else sampled.index_copy_(0, pos, ids)
     if rows is None:
         return sampled
@@ -373,6 +386,7 @@ def sample(
     *,
     return_logprob: bool = False,
     generator: torch.Generator | None = None,
+    truncated: TruncatedSampler | None = None,
 ) -> SampleOutput:
     """Pick one token per row.
 
@@ -381,10 +395,11 @@ def sample(
         top_logprobs_num: per row (or one for all rows) how many top logprobs to return; 0 = none.
         return_logprob: also return the chosen tokens' logprobs (implied by top_logprobs_num > 0).
         generator: RNG for rows without a seed (on the logits' device); None = the global RNG.
+        truncated: the device's sort-free way for top-k / top-p rows without min_p; None: ours.
     """
     assert logits.dim() == 2 and logits.shape[0] == batch.batch_size, "logits must be [B, V]"
     logits = logits.float()
-    next_ids = logits.max(dim=-1).indices if batch.is_all_greedy else _draw(logits, batch, generator)
+    next_ids = logits.max(dim=-1).indices if batch.is_all_greedy else _draw(logits, batch, generator, truncated)
     nums = top_logprobs_num
     if not isinstance(nums, list):
         nums = [nums] * batch.batch_size

@@ -17,10 +17,10 @@ set -uo pipefail
 
 # The plan: stage:bound in seconds, in order. The compile bound assumes about 30 s per attention
 # module built alone (FlashInfer issue #1038: 28 s for a decode and 31 s for a prefill module,
-# head_dim 64, on the reporter's GPU machine) and at most 10 s for each of the three one- or
-# two-file per-token modules (norm, rope, silu_and_mul): 150 s for our seven even if ninja ran
-# them one after another. They build in one ninja run over 16 jobs (26 .cu files), for sm_90
-# only. The other bounds are the dry run's stage times scaled for CUDA start-up (5-10 s per
+# head_dim 64, on the reporter's GPU machine) and at most 10 s for each of the four one- or
+# two-file modules (norm, rope, silu_and_mul, sampling): 160 s for our eight even if ninja ran
+# them one after another. They build in one ninja run over 16 jobs (about 28 .cu files), for
+# sm_90 only. The other bounds are the dry run's stage times scaled for CUDA start-up (5-10 s per
 # process) plus the work.
 PLAN="environment:20 wheels:40 compile:200 plan:30 backends:60 graphs:45 speed:50 gpu_tests:35"
 PLAN_LIMIT_S=480

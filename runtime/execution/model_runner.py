@@ -169,7 +169,8 @@ class ModelRunner:
         apply_row_bitmasks(logits, [e.token_bitmask for e in entries])  # constrained decoding
         top_nums = [e.top_logprobs_num for e in entries]
         out = sample(
-            logits, sampling, top_logprobs_num=top_nums, return_logprob=any(e.return_logprob for e in entries)
+            logits, sampling, top_logprobs_num=top_nums, return_logprob=any(e.return_logprob for e in entries),
+            truncated=self.loaded.sampler,
         )
         self.step_hook.agree_on(out.next_ids)  # every rank's future map must hold rank 0's choices
         self.future_tokens.index_copy_(0, step.rows[: len(entries)], out.next_ids)

@@ -12,6 +12,7 @@ import torch
 from kernels.base import AttentionBackend
 from kernels.fused_ops import CpuFusedOps
 from kernels.kv_pool import KVPool, ReqToTokenPool
+from kernels.sampling import TruncatedSampler
 from runtime.contracts.config import ServerConfig, read_model_json
 from runtime.contracts.model_config import ModelConfig
 from runtime.execution.backends import make_backend
@@ -38,6 +39,7 @@ class LoadedModel:
     req_to_token: ReqToTokenPool
     backend: AttentionBackend
     tp: TensorParallel | None = None  # this rank's part and the group, under tensor parallelism
+    sampler: TruncatedSampler | None = None  # the device's sort-free top-k/top-p draws (FlashInfer)
 
     @property
     def max_total_tokens(self) -> int:
@@ -80,10 +82,9 @@ def load_model_for_serving(config: ServerConfig, tp: TensorParallel | None = Non
     width = -(-config.context_length // ps) * ps
     req_to_token = ReqToTokenPool(max_running, width, device)
     backend = make_backend(config.attention_backend, kv_pool, local, dtype)
-    if config.attention_backend == "flashinfer":
-        use_flashinfer_ops(model)
+    sampler = use_flashinfer_kernels(model) if config.attention_backend == "flashinfer" else None
     resolved = config.replace(max_total_tokens=num_slots - ps, max_running_requests=max_running)
-    return LoadedModel(resolved, model_config, model, device, dtype, ps, kv_pool, req_to_token, backend, tp)
+    return LoadedModel(resolved, model_config, model, device, dtype, ps, kv_pool, req_to_token, backend, tp, sampler)
 
 
 def _cuda_kv_tokens(config: ServerConfig, mc: ModelConfig, kv_dtype: torch.dtype) -> int:
@@ -97,9 +98,13 @@ def _cuda_kv_tokens(config: ServerConfig, mc: ModelConfig, kv_dtype: torch.dtype
     return tokens
 
 
-def use_flashinfer_ops(model: CausalLM) -> None:
-    """FlashInfer's fused norm, activation and rotary kernels for the model (with its attention)."""
+def use_flashinfer_kernels(model: CausalLM) -> TruncatedSampler:
+    """With FlashInfer's attention, its other kernels too: the fused norm, activation and rotary
+    in the model, and the sort-free top-k/top-p sampler (returned, for the runner)."""
     from kernels.flashinfer_ops import FlashInferFusedOps
+    from kernels.flashinfer_sampling import FlashInferTruncatedSampler
     from kernels.flashinfer_support import import_flashinfer
 
-    model.use_fused_ops(FlashInferFusedOps(import_flashinfer(), model.model.rotary))
+    flashinfer = import_flashinfer()
+    model.use_fused_ops(FlashInferFusedOps(flashinfer, model.model.rotary))
+    return FlashInferTruncatedSampler(flashinfer)

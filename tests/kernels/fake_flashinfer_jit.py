@@ -95,6 +95,10 @@ def gen_rope_module() -> JitSpec:  # flashinfer.jit.rope
     return JitSpec("rope")
 
 
+def gen_sampling_module() -> JitSpec:  # flashinfer.jit.sampling
+    return JitSpec("sampling")
+
+
 def gen_act_and_mul_module(act_func_name: str) -> JitSpec:  # flashinfer.jit.activation
     if act_func_name not in ("silu", "gelu", "gelu_tanh"):
         raise KeyError(act_func_name)
@@ -102,7 +106,7 @@ def gen_act_and_mul_module(act_func_name: str) -> JitSpec:  # flashinfer.jit.act
 
 
 def install_module(root: Path) -> types.ModuleType:
-    """Register the stand-in as `flashinfer.jit` (and its submodules norm, rope, activation), with
+    """Register the stand-in as `flashinfer.jit` (and its submodules norm, rope, sampling, activation), with
     its JIT and AOT directories under `root`."""
     env.FLASHINFER_JIT_DIR = root / "cached_ops"
     env.FLASHINFER_AOT_DIR = root / "aot"
@@ -110,7 +114,8 @@ def install_module(root: Path) -> types.ModuleType:
     for name in ("env", "JitSpec", "gen_batch_prefill_module", "gen_batch_decode_module", "build_jit_specs",
                  "gen_act_and_mul_module"):
         setattr(module, name, globals()[name])
-    for sub, function in (("norm", gen_norm_module), ("rope", gen_rope_module), ("activation", gen_act_and_mul_module)):
+    for sub, function in (("norm", gen_norm_module), ("rope", gen_rope_module), ("sampling", gen_sampling_module),
+                          ("activation", gen_act_and_mul_module)):
         submodule = types.ModuleType(f"flashinfer.jit.{sub}")
         setattr(submodule, function.__name__, function)
         setattr(module, sub, submodule)

@@ -1,7 +1,8 @@
 """Stand-ins for FlashInfer's fused per-token kernels (0.6.18.post1: flashinfer/norm, activation.py,
-rope.py), with their signatures and the checks they make, computed in torch the way the kernels
-compute: fp32 inside, one rounding to the activation dtype. tests/kernels/fake_flashinfer.py puts
-them on the stand-in module."""
+rope.py, sampling.py), with their signatures and the checks they make, computed in torch the way
+the kernels compute: fp32 inside, one rounding to the activation dtype (the sampler: an exact draw
+from the jointly filtered distribution, per-row Philox streams standing as per-row generators).
+tests/kernels/fake_flashinfer.py puts them on the stand-in module."""
 
 from __future__ import annotations
 
@@ -78,4 +79,47 @@ def apply_rope_with_cos_sin_cache_inplace(positions: torch.Tensor, query: torch.
         heads[..., :rotary_dim] = torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
 
 
-FUNCTIONS = (rmsnorm, fused_add_rmsnorm, silu_and_mul, apply_rope_with_cos_sin_cache_inplace)
+def top_k_top_p_sampling_from_probs(
+    probs: torch.Tensor, top_k: torch.Tensor | int, top_p: torch.Tensor | float, indices: torch.Tensor | None = None,
+    filter_apply_order: str = "top_k_first", deterministic: bool = True, generator: torch.Generator | None = None,
+    check_nan: bool = False, seed: int | torch.Tensor | None = None, offset: int | torch.Tensor | None = None,
+    return_valid: bool = False,
+) -> torch.Tensor:
+    """int32 [B] samples; "joint": a token is kept iff among the row's top_k and the mass before
+    it (in descending order) is under top_p. Like the kernel it runs on probabilities."""
+    with torch._C.DisableTorchFunction():  # the kernel's own work, hidden from the sync recorders
+        return _sample(probs, top_k, top_p, indices, filter_apply_order, generator, seed, offset, return_valid)
+
+
+def _sample(probs: torch.Tensor, top_k: torch.Tensor | int, top_p: torch.Tensor | float,
+            indices: torch.Tensor | None, order: str, generator: torch.Generator | None,
+            seed: int | torch.Tensor | None, offset: int | torch.Tensor | None, return_valid: bool) -> torch.Tensor:
+    if indices is not None or return_valid or order != "joint":
+        raise NotImplementedError("the stand-in samples with filter_apply_order='joint' only")
+    if probs.dim() != 2 or probs.dtype != torch.float32:
+        raise ValueError(f"probs must be fp32 [B, V], got {probs.dtype} {tuple(probs.shape)}")
+    batch, vocab = probs.shape
+    k = torch.as_tensor(top_k).expand(batch).to(torch.int64)
+    p = torch.as_tensor(top_p, dtype=torch.float32).expand(batch)
+    if bool((p > 1).any()) or bool((p <= 0).any()):
+        raise ValueError("top_p must be in (0, 1]")
+    vals, ids = probs.sort(dim=-1, descending=True)
+    keep = (torch.arange(vocab) < k[:, None]) & ((vals.cumsum(-1) - vals) < p[:, None])
+    keep[:, 0] = True
+    kept = vals.masked_fill(~keep, 0.0)
+    if isinstance(seed, torch.Tensor):
+        shape_ok = seed.dim() == 1 and len(seed) in (1, batch)
+        if seed.dtype not in (torch.int64, torch.uint64) or not shape_ok or offset is None:
+            raise ValueError("seed must be an int64 [1 or B] tensor, with an offset")
+        seeds = seed.expand(batch).tolist()
+        picks = [torch.multinomial(kept[i], 1, generator=torch.Generator().manual_seed(seeds[i] % (1 << 63))).item()
+                 for i in range(batch)]
+        pick = torch.tensor(picks, dtype=torch.int64)
+    else:
+        on_cpu = generator if generator is not None and generator.device.type == "cpu" else None
+        pick = torch.multinomial(kept, 1, generator=on_cpu).squeeze(1)
+    return ids.gather(1, pick[:, None]).squeeze(1).to(torch.int32)
+
+
+FUNCTIONS = (rmsnorm, fused_add_rmsnorm, silu_and_mul, apply_rope_with_cos_sin_cache_inplace,
+             top_k_top_p_sampling_from_probs)

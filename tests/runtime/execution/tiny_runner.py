@@ -49,18 +49,19 @@ def make_runner(model_path: str, backend: str = "torch", page_size: int = 1, dty
 
 
 def with_flashinfer_backend(loaded: LoadedModel, workspace_bytes: int = 1 << 16) -> LoadedModel:
-    """`loaded` with our FlashInfer backend on its pool and FlashInfer's fused per-token ops in
-    its model, as load_model_for_serving sets them up on CUDA: on CPU, where resolve_config never
-    picks them, over whatever `flashinfer` module is installed (the stand-in), small workspace."""
+    """`loaded` with our FlashInfer backend on its pool, FlashInfer's fused per-token ops in its
+    model and its sampler, as load_model_for_serving sets them up on CUDA: on CPU, where
+    resolve_config never picks them, over whatever `flashinfer` module is installed (the
+    stand-in), small workspace."""
     from kernels.flashinfer_backend import FlashInferAttentionBackend
-    from runtime.execution.model_setup import use_flashinfer_ops
+    from runtime.execution.model_setup import use_flashinfer_kernels
 
-    use_flashinfer_ops(loaded.model)
+    sampler = use_flashinfer_kernels(loaded.model)
 
     mc = loaded.model_config
     backend = FlashInferAttentionBackend(loaded.kv_pool, mc.num_heads, mc.num_kv_heads, mc.head_dim, loaded.dtype,
                                          workspace_bytes=workspace_bytes)
-    return dataclasses.replace(loaded, backend=backend)
+    return dataclasses.replace(loaded, backend=backend, sampler=sampler)
 
 
 @pytest.fixture
