@@ -75,6 +75,11 @@ class AttentionBackend(ABC):
     def init_cuda_graph(self, sizes: list[int], max_pages: int) -> None:  # noqa: B027 (optional hook)
         """Prepare per-batch-size state for decode graphs of these sizes (default: none needed)."""
 
+    def graph_page_list(self) -> torch.Tensor | None:
+        """The device buffer a graph replay's page list should be gathered into (int32, sized for
+        the largest bucket), when the backend's graph-mode planning reads one; None: any tensor."""
+        return None
+
     def plan_cuda_graph(self, size: int, meta: ForwardMetadata) -> None:
         """Plan a graph replay of a `size`-row decode batch. A backend without graph support
         plans eagerly (the CPU stand-in graphs rerun the forward, so that is all they need)."""

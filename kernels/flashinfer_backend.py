@@ -54,6 +54,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         self.staging.adopt(self.prefill)
         self.decode = self._decode_wrapper()
         self.graph_decode: dict[int, Any] = {}
+        self.graph_indices: torch.Tensor | None = None
         self.meta: ForwardMetadata | None = None
         self.wrapper: Any = None
 
@@ -106,6 +107,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         indptr = torch.zeros(largest + 1, dtype=torch.int32, device=device)
         indices = torch.zeros(max_pages, dtype=torch.int32, device=device)
         last_page_len = torch.ones(largest, dtype=torch.int32, device=device)
+        self.graph_indices = indices
         for size in sizes:
             self.graph_decode[size] = self._decode_wrapper(
                 use_cuda_graph=True,
@@ -114,8 +116,14 @@ class FlashInferAttentionBackend(AttentionBackend):
                 paged_kv_last_page_len_buffer=last_page_len[:size],
             )
 
+    def graph_page_list(self) -> torch.Tensor | None:
+        """The graph wrappers' shared page-list buffer: a replay's page list gathered straight into
+        it makes plan()'s copy into the buffer a copy onto itself, which torch skips."""
+        return self.graph_indices
+
     def plan_cuda_graph(self, size: int, meta: ForwardMetadata) -> None:
-        """Plan the graph wrapper of `size` (it copies the batch's indices into its buffers)."""
+        """Plan the graph wrapper of `size` (it copies the lengths, and the page list unless it is
+        already there, into its buffers)."""
         self.meta = meta
         self.wrapper = self.graph_decode[size]
         self._plan_decode(self.wrapper, meta)

@@ -122,7 +122,7 @@ class GraphHost(Protocol):
     page_size: int
     req_to_token: ReqToTokenPool
 
-    def prepare(self, entries: list[ForwardEntry]) -> StepInputs: ...
+    def prepare(self, entries: list[ForwardEntry], page_list: torch.Tensor | None = None) -> StepInputs: ...
 
 
 class CudaGraphRunner:
@@ -168,7 +168,7 @@ class CudaGraphRunner:
     def load(self, padded: list[ForwardEntry]) -> StepInputs:
         """Prepare a bucket-sized batch, fill the static buffers and plan the bucket's attention."""
         size = len(padded)
-        step = self.runner.prepare(padded)
+        step = self.runner.prepare(padded, self.runner.backend.graph_page_list())
         self.input_ids[:size].copy_(step.input_ids)
         self.positions[:size].copy_(step.meta.positions)
         self.out_cache_loc[:size].copy_(step.meta.out_cache_loc)

@@ -186,6 +186,6 @@ class ModelRunner:
         result.start_host_copy()  # queued now, behind this step's work: the step's one sync reads it
         return result
 
-    def prepare(self, entries: list[ForwardEntry]) -> StepInputs:
+    def prepare(self, entries: list[ForwardEntry], page_list: torch.Tensor | None = None) -> StepInputs:
         """The step's device inputs (step_inputs.prepare_step), no host sync."""
-        return prepare_step(entries, self.page_size, self.req_to_token, self.future_tokens, self.device)
+        return prepare_step(entries, self.page_size, self.req_to_token, self.future_tokens, self.device, page_list)

@@ -29,10 +29,11 @@ class StepInputs:
 
 
 def prepare_step(entries: list[ForwardEntry], page_size: int, req_to_token: ReqToTokenPool,
-                 future_tokens: torch.Tensor, device: torch.device) -> StepInputs:
+                 future_tokens: torch.Tensor, device: torch.device, page_list: torch.Tensor | None = None
+                 ) -> StepInputs:
     """Plan the batch on the host, upload it in one copy, write the entries' slots into their
     rows of the request table, read overlap inputs from the future map, and gather every
-    request's page list."""
+    request's page list (into the front of `page_list` when given)."""
     plan = plan_batch(entries, page_size, req_to_token.max_context_len)
     arrays = plan.arrays()
     flat = upload(list(chain.from_iterable(arrays)), torch.int64, device)
@@ -45,7 +46,7 @@ def prepare_step(entries: list[ForwardEntry], page_size: int, req_to_token: ReqT
         input_ids.index_copy_(0, dev["future_at"], future_tokens.index_select(0, dev["future_rows"]))
     int32 = torch.int32
     meta = ForwardMetadata(
-        kv_indices=gather_kv_indices(table, dev["rows"], dev["num_pages"], dev["kv_indptr"], plan),
+        kv_indices=gather_kv_indices(table, dev["rows"], dev["num_pages"], dev["kv_indptr"], plan, page_list),
         positions=dev["positions"],
         out_cache_loc=dev["out_cache_loc"],
         page_size=plan.page_size,
@@ -59,10 +60,12 @@ def prepare_step(entries: list[ForwardEntry], page_size: int, req_to_token: ReqT
 
 
 def gather_kv_indices(
-    table: torch.Tensor, rows: torch.Tensor, num_pages: torch.Tensor, kv_indptr: torch.Tensor, plan: BatchPlan
+    table: torch.Tensor, rows: torch.Tensor, num_pages: torch.Tensor, kv_indptr: torch.Tensor, plan: BatchPlan,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Every request's page ids, request after request (int32 [total pages]), read on the device
     from the request table: page p of request i is table[rows[i], p * page_size] // page_size.
+    With `out`, written into its front (the same one conversion kernel) and returned as that view.
 
     Sizes come from the host plan (`output_size`), so nothing waits for the device, unlike a
     boolean-mask gather whose result size only the device knows.
@@ -71,4 +74,7 @@ def gather_kv_indices(
     owner = torch.repeat_interleave(num_pages, output_size=total)
     page = torch.arange(total, device=table.device) - kv_indptr.index_select(0, owner)
     slots = table[rows.index_select(0, owner), page * ps]
-    return (slots // ps).to(torch.int32) if ps > 1 else slots.to(torch.int32)
+    pages = slots // ps if ps > 1 else slots
+    if out is None:
+        return pages.to(torch.int32)
+    return out[:total].copy_(pages)

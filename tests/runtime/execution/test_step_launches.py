@@ -80,3 +80,27 @@ def test_a_decode_layer_is_eleven_launches_with_flashinfers_fused_kernels(tmp_pa
     # The step's own launches (measured 26): inputs and the page list, embedding, rotary lookup,
     # final norm, head, sampling, the future map, the copy of the ids back.
     assert fused[2] - 2 * per_layer <= 30, fused[2] - 2 * per_layer
+
+
+def test_a_graph_replay_gathers_its_page_list_straight_into_the_wrappers_buffer(
+        tmp_path, monkeypatch, fake_flashinfer) -> None:  # noqa: F811
+    """plan() in graph mode copies the page list into the wrappers' shared buffer: gathered there
+    already, that copy is onto itself, which torch skips (no kernel)."""
+    runner = make_runner(write_config(tmp_path / "m", *SHAPES["llama-3.2-1b"]), backend="fake-flashinfer",
+                         dtype="bfloat16")
+    prompts = [ForwardEntry(row=r, input_ids=[3, 4, 5], prefix_len=0, kv_write=[8 * r + 1, 8 * r + 2, 8 * r + 3],
+                            kv_write_start=0) for r in range(3)]
+    runner.forward(prompts)
+    runner.init_cuda_graphs(4, capture=False)
+    handed: list[int] = []
+    plan = fake.BatchDecodeWithPagedKVCacheWrapper.plan
+
+    def recorded(self, indptr, indices, *args, **kwargs):  # type: ignore[no-untyped-def]
+        handed.append(indices.data_ptr())
+        return plan(self, indptr, indices, *args, **kwargs)
+
+    monkeypatch.setattr(fake.BatchDecodeWithPagedKVCacheWrapper, "plan", recorded)
+    decodes = [ForwardEntry(row=r, input_ids=[6], prefix_len=3, kv_write=[8 * r + 4], kv_write_start=3)
+               for r in range(3)]
+    runner.forward(decodes)  # 3 rows in the bucket of 4
+    assert handed == [runner.backend.graph_page_list().data_ptr()]
