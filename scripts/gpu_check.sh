@@ -59,7 +59,13 @@ environment() {
 wheels() {
     [ "$DRY" = 1 ] && { echo "dry run: the venv has what it needs"; return 0; }
     ls "$WHEELS"/*.whl >/dev/null 2>&1 || { echo "no wheels in $WHEELS: run scripts/gpu_wheels.sh here first"; return 1; }
-    "$PY" -m pip install --quiet --no-index --no-deps --target "$WHEELS/site" "$WHEELS"/*.whl
+    if "$PY" -m pip --version >/dev/null 2>&1; then
+        "$PY" -m pip install --quiet --no-index --no-deps --target "$WHEELS/site" "$WHEELS"/*.whl
+    else  # no pip in the image: a wheel is a zip of what goes into site-packages (the image has ninja)
+        echo "no pip: unpacking the wheels"
+        "$PY" -c 'import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in sys.argv[2:]]' \
+            "$WHEELS/site" "$WHEELS"/*.whl
+    fi
 }
 
 python_stage() {
