@@ -23,6 +23,9 @@ Semantics (where SGLang leaves a choice):
     generator seeded by mix_seed(seed, len(output_ids)), so its token depends only on its own
     logits, parameters, seed and step, never on the rest of the batch (on one device type).
     Unseeded rows share the caller's generator, or the global RNG.
+  - With the FlashInfer backend (CUDA), row groups limited by top-k / top-p and without min_p are
+    drawn by its sort-free kernel instead (`truncated`, kernels/flashinfer_sampling.py): the same
+    distribution and the same per-row seed independence, another draw.
   - Returned logprobs are log_softmax of the penalized/biased logits BEFORE temperature and
     filtering (the raw model distribution, as OpenAI reports), for greedy and sampled rows alike.
 """

@@ -20,16 +20,25 @@
 // ones (the build's -ffast-math would turn `amax / 127` into a multiply by 1/127, not the same
 // float, hence the attribute), the product is one IEEE multiply per value and the rounding
 // _mm256_round_ps's nearest-even. A NaN is skipped by the maximum as std::max(amax, x) skips it.
-__attribute__((optimize("no-fast-math"))) inline void quantize_row(const float* x, int64_t k, ActBlock* out) {
+// bf16 rows are widened in registers (exact: a bf16 is the top half of its fp32), so they give the
+// blocks of their fp32 copy without a pass that makes one.
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const c10::BFloat16* p) {
+  const __m128i half = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
+}
+
+template <typename T>
+__attribute__((optimize("no-fast-math"))) inline void quantize_row(const T* x, int64_t k, ActBlock* out) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   // q0[0..3] q1[0..3] q2[0..3] q3[0..3] | q0[4..7] ... after the two packs, per 4-byte lane.
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   for (int64_t b = 0; b < k / QK; ++b) {
-    const float* xb = x + b * QK;
+    const T* xb = x + b * QK;
     __m256 v[4];
     __m256 amax = _mm256_setzero_ps();
     for (int i = 0; i < 4; ++i) {
-      v[i] = _mm256_loadu_ps(xb + 8 * i);
+      v[i] = load8(xb + 8 * i);
       amax = _mm256_max_ps(_mm256_andnot_ps(sign, v[i]), amax);
     }
     __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
