@@ -29,7 +29,10 @@ STAGING_ATTR = "_pin_memory_int_workspace_buffer"  # FlashInfer's private name (
 
 
 class Event(Protocol):
+    """torch.cuda.Event's part we use."""
+
     def record(self) -> None: ...
+    def query(self) -> bool: ...
     def synchronize(self) -> None: ...
 
 
@@ -56,9 +59,9 @@ class PlanStaging:
         """Point a new wrapper at the shared buffers, freeing its own (plan() re-points it)."""
         own = getattr(wrapper, STAGING_ATTR, None)
         if isinstance(own, torch.Tensor):
-            shared = self.buffers[0].numel()
-            if own.numel() * own.element_size() > shared:
-                raise ValueError(f"a wrapper stages {own.numel()} bytes, more than the shared {shared}")
+            needed, shared = own.numel() * own.element_size(), self.buffers[0].numel()
+            if needed > shared:
+                raise ValueError(f"a wrapper stages {needed} bytes, more than the shared {shared}")
             setattr(wrapper, STAGING_ATTR, self.buffers[self.turn])
 
     @contextlib.contextmanager
@@ -66,7 +69,7 @@ class PlanStaging:
         """Around one wrapper.plan(): hand it the buffer no queued copy reads, then mark its copy."""
         pending = self.copied[self.turn]
         if pending is not None:
-            if not getattr(pending, "query", lambda: False)():
+            if not pending.query():
                 self.waits += 1
             pending.synchronize()
         if hasattr(wrapper, STAGING_ATTR):
