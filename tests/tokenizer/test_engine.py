@@ -195,6 +195,11 @@ def test_two_tensor_parallel_ranks_match_hf_then_die_together(chat_ids, hf_refer
         assert len(errors) == 3 and all(isinstance(e, RuntimeCrashed) for e in errors), errors
         rank0 = tp._runtime.processes["scheduler"]
         rank0.join(timeout=30)  # its next collective fails: the rank does not outlive its peer
+        # The runtime's watcher joins the children too: when it reaps rank 0 first, this join
+        # returns (its waitpid fails) before the watcher has stored the exit code.
+        deadline = time.monotonic() + 5
+        while rank0.exitcode is None and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert rank0.exitcode not in (None, 0)
         with pytest.raises(RuntimeCrashed):
             tp.generate("hello", {"max_new_tokens": 2})

@@ -40,13 +40,25 @@ def test_fingerprint_follows_the_file(tmp_path: Path, monkeypatch: pytest.Monkey
     assert gguf_folder(str(f)) != first
 
 
-@pytest.mark.slow
 def test_embedded_gguf_serves_like_the_default_model(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, default_model_path: str
 ) -> None:
-    """The embedded Q4_1 GGUF given as a path converts to the same weights as the default model."""
+    """The embedded Q4_1 GGUF given as a path converts once, into a folder keyed by the path, and
+    serves from it. The conversion itself is the default model's (`default_model_path` made it
+    with the same `convert_gguf`), so here it copies that result instead of taking 20 s again."""
+    import shutil
+
     from safetensors import safe_open
 
+    import runtime.support.default_model as default_model
+
+    conversions: list[Path] = []
+
+    def copy_default(source: Path, out: Path) -> None:
+        conversions.append(source)
+        shutil.copytree(default_model_path, out, dirs_exist_ok=True)
+
+    monkeypatch.setattr(default_model, "convert_gguf", copy_default)
     monkeypatch.setenv("RADIXSERVE_CACHE_DIR", str(tmp_path))
     source = str(gguf_path())
     # By default: the converted folder's weights, in full precision.
@@ -57,7 +69,7 @@ def test_embedded_gguf_serves_like_the_default_model(
     assert resolved.served_model_name == "SmolLM2-135M-Instruct.Q4_1"
     # --load-format gguf on CPU: the file's blocks; the folder gives the config and the tokenizer.
     again = resolve_config(ServerConfig(model_path=source, load_format="gguf"))
-    assert again.model_path == resolved.model_path  # converted once
+    assert again.model_path == resolved.model_path and conversions == [Path(source).resolve()]  # converted once
     assert again.load_format == "gguf" and again.gguf_file == source
     with pytest.raises(InvalidRequest, match="no --quantization") as info:
         resolve_config(ServerConfig(model_path=source, load_format="gguf", quantization="q8_0"))
