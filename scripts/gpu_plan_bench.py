@@ -82,13 +82,10 @@ def _measure(runner: Any, batch: int, context: int, repeats: int) -> dict[str, A
 
 def run(report: Any, runner: Any, dry_run: bool) -> None:
     batches, context = ((1, 4), 64) if dry_run else ((1, 32, 256), 1024)
-    def on_stream() -> Any:
-        return torch.cuda.stream(runner.stream) if runner.stream is not None else contextlib.nullcontext()
-
     for staging in ("pinned_pair", "pageable"):
         if staging == "pageable":
             runner.backend.staging = PageableStaging()
         for batch in batches:
-            with torch.inference_mode(), on_stream():
+            with torch.inference_mode(), runner._on_stream():  # the runner's stream, as forward()
                 fields = _measure(runner, batch, context, 5 if dry_run else 50)
             report.info("plan_speed", staging=staging, batch=batch, context=context, **fields)
