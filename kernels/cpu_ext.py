@@ -19,7 +19,7 @@ import torch
 
 NAME = "radixserve_cpu_kernels"
 SOURCES = [Path(__file__).parent / "csrc" / name
-           for name in ("module.cpp", "decode_attention.cpp", "elementwise.cpp", "quant_gemm.cpp")]
+           for name in ("module.cpp", "decode_attention.cpp", "dense_gemv.cpp", "elementwise.cpp", "quant_gemm.cpp")]
 HEADERS = [Path(__file__).parent / "csrc" / name for name in ("kernels.h", "quant_gemm_groups.h")]  # in the key
 # -ffast-math: glibc declares its vector exp (libmvec) only under it; without it every score's
 # exp is a scalar call, which was most of the kernel's time. The kernel has no inf/nan inputs.

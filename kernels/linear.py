@@ -13,12 +13,21 @@ the weights, so half the bytes of bf16 (a quarter of fp32) is what makes it fast
 rows that kernel loses to the packed one, which then runs instead (so the full-precision packed
 copy is kept too).
 
+Plain rows with our GEMV (`RowGemvLinearMethod`, installed by `load_model` on CPU in fp32 when our
+kernels are built): the weight stays as loaded, row-major, and is never packed. Calls of at most
+GEMV_MAX_ROWS rows (decode) run our kernel (kernels/csrc/dense_gemv.cpp), which streams the rows
+at about 1.6x the bandwidth of oneDNN's packed fp32 call; larger calls run oneDNN on the plain
+weight, 5-25% slower than on a packed one at prefill sizes. A tied head then needs no copy of the
+embedding table either.
+
 The method is an object beside the layer, not a subclass of it, because every parallel linear
 (runtime/parallel/layers.py: column, row, head) subclasses `Linear` for its sharding and
 collective; a quantized subclass per parallel class would multiply the classes.
 """
 
 from __future__ import annotations
+
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
@@ -74,6 +83,7 @@ class LinearMethod:
     when `pack()` made one, else `F.linear`. Stateless: every layer shares `DENSE`."""
 
     full_precision = True  # False: the product carries the weight quantization's error
+    packs = True  # False: `Linear.pack()` leaves the plain weight as it is (the method reads it)
 
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
         if layer.packed is not None:
@@ -98,6 +108,28 @@ class Int8LinearMethod(LinearMethod):
         if x.shape[0] <= INT8_MAX_ROWS:
             return _int8_linear(x, self.q_weight, self.q_scales, layer.bias)
         return super().apply(layer, x)
+
+
+GEMV_MAX_ROWS = 4  # rows up to which our GEMV beats oneDNN in fp32 (docs/benchmarks.md); kernel max 8
+
+
+class RowGemvLinearMethod(LinearMethod):
+    """fp32 on CPU from the plain weight: our GEMV for calls of at most GEMV_MAX_ROWS rows,
+    oneDNN on the same (unpacked) weight above that. `kernels`: our built CPU kernels."""
+
+    packs = False
+
+    def __init__(self, kernels: ModuleType) -> None:
+        self.kernels = kernels
+
+    def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
+        assert layer.weight is not None, "the plain weight is what this method reads"
+        rows = x.reshape(-1, layer.in_features)
+        if rows.shape[0] <= GEMV_MAX_ROWS:
+            y: torch.Tensor = self.kernels.dense_gemv(rows, layer.weight, layer.bias)
+        else:
+            y = _packed_linear(rows.contiguous(), layer.weight, layer.bias)  # oneDNN takes a plain weight too
+        return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
 class Linear(nn.Module):
@@ -143,8 +175,8 @@ class Linear(nn.Module):
 
     def pack(self) -> None:
         """Prepack the loaded weight for its device (no-op when already packed or unsupported)."""
-        if self.packed is not None or self.weight is None:  # no weight: the method holds it (blocks)
-            return
+        if self.packed is not None or self.weight is None or not self.method.packs:
+            return  # no weight: the method holds it (blocks); or the method reads the plain one
         self.packed = pack_weight(self.weight.detach(), self.bias)
         if self.packed is not None:
             self.weight = None

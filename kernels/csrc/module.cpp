@@ -10,6 +10,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using pybind11::arg;
   m.def("decode_attention", &radixserve::decode_attention,
         "paged decode attention over one layer of the KV pool: (out, lse)");
+  m.def("dense_gemv", &radixserve::dense_gemv, "x [M <= 8, K] @ W^T (+ bias) on a plain row-major fp32 or bf16 weight",
+        arg("x"), arg("w"), arg("bias") = pybind11::none());
   m.def("rotary", &radixserve::rotary, "rotate_half rotary embedding of x [T, H, D] by a [T, 2D] cos/sin table");
   m.def("rms_norm", &radixserve::rms_norm, "(norm(x [+ residual]) * weight, x [+ residual]); fp32 math", arg("x"),
         arg("residual"), arg("weight"), arg("eps"));

@@ -11,6 +11,7 @@ import torch
 
 from kernels import gguf_blocks, quant_linear
 from kernels.gguf_blocks import FORMATS
+from kernels.linear import Linear, LinearMethod, RowGemvLinearMethod
 from runtime.execution.cpu_kernels import load_cpu_kernels
 from runtime.execution.device import cpu_capability, should_prepack
 from runtime.models import CausalLM, ModelConfig, build_model
@@ -92,8 +93,23 @@ def load_model(
         model.load_weights(iter_safetensors(model_path))
     quantize(model, quantization, device)
     if should_prepack(device, dtype) if prepack is None else prepack:
+        use_row_gemv(model, device, dtype)
         model.pack()
     return model.eval()
+
+
+def use_row_gemv(model: CausalLM, device: torch.device, dtype: torch.dtype) -> None:
+    """fp32 on CPU with our kernels built: the full-precision linears keep their plain weights and
+    run decode rows through our GEMV (`RowGemvLinearMethod`) instead of being packed for oneDNN."""
+    if device.type != "cpu" or dtype != torch.float32:
+        return
+    kernels = load_cpu_kernels()
+    if kernels is None:
+        return
+    method = RowGemvLinearMethod(kernels)
+    for layer in model.modules():
+        if isinstance(layer, Linear) and type(layer.method) is LinearMethod:
+            layer.method = method
 
 
 def quantize(model: CausalLM, quantization: str | None, device: torch.device) -> None:

@@ -104,3 +104,71 @@ def test_int8_for_small_calls_packed_for_large(dtype):
             want, tol = F.linear(x, weight, b).float(), (1e-5 if dtype == torch.float32 else 1e-2)
         err = ((got.float() - want).norm() / want.norm()).item()
         assert err <= tol, (rows, err)
+
+
+# ---- plain rows through our GEMV (fp32 decode) ----------------------------------------------------
+
+def gemv_kernels():
+    from runtime.execution.cpu_kernels import load_cpu_kernels
+
+    kernels = load_cpu_kernels()
+    if kernels is None:
+        pytest.skip("the C++ CPU kernels are not built")
+    return kernels
+
+
+@pytest.mark.parametrize("w_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(160, 96), (13, 37), (5, 8), (576, 1536)])
+def test_dense_gemv_matches_a_float64_product(w_dtype, x_dtype, shape):
+    """Every row count the kernel takes, K with and without a tail past its 32-wide steps, and bias."""
+    kernels = gemv_kernels()
+    n, k = shape
+    gen = torch.Generator().manual_seed(n * k)
+    w = torch.randn(n, k, generator=gen).to(w_dtype)
+    bias = torch.randn(n, generator=gen)
+    for rows in range(1, 9):
+        x = torch.randn(rows, k, generator=gen).to(x_dtype)
+        for b in (None, bias):
+            got = kernels.dense_gemv(x, w, b)
+            want = x.double() @ w.double().T + (0 if b is None else b.double())
+            assert got.dtype == x_dtype and got.shape == (rows, n)
+            tol = 1e-5 if x_dtype == torch.float32 else 8e-3  # bf16 out: the output's own rounding
+            torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol * 5)
+
+
+def test_dense_gemv_rows_do_not_depend_on_their_call():
+    """A row's output is bit for bit the same alone or among up to 8 rows (same sums, same order)."""
+    kernels = gemv_kernels()
+    gen = torch.Generator().manual_seed(5)
+    w = torch.randn(300, 576 + 20, generator=gen)
+    x = torch.randn(8, 576 + 20, generator=gen)
+    alone = torch.cat([kernels.dense_gemv(x[i : i + 1], w, None) for i in range(8)])
+    for rows in range(2, 9):
+        assert torch.equal(kernels.dense_gemv(x[:rows], w, None), alone[:rows]), rows
+
+
+def test_dense_gemv_refuses_what_it_cannot_run():
+    kernels = gemv_kernels()
+    w = torch.randn(16, 32)
+    with pytest.raises(RuntimeError, match="1 to 8 rows"):
+        kernels.dense_gemv(torch.randn(9, 32), w, None)
+    with pytest.raises(RuntimeError, match="x \\[M, K\\]"):
+        kernels.dense_gemv(torch.randn(1, 31), w, None)
+    with pytest.raises(RuntimeError, match="fp32 or bf16 weight"):
+        kernels.dense_gemv(torch.randn(1, 32), w.half(), None)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_row_gemv_method_keeps_the_plain_weight_and_agrees_at_every_size(bias):
+    from kernels.linear import GEMV_MAX_ROWS, RowGemvLinearMethod
+
+    layer, weight, b = make_linear(torch.float32, bias)
+    layer.method = RowGemvLinearMethod(gemv_kernels())
+    layer.pack()
+    assert layer.packed is None and layer.weight is not None  # never packed: the kernel reads the rows
+    for rows in (1, GEMV_MAX_ROWS, GEMV_MAX_ROWS + 1, 64):
+        x = torch.randn(2, rows, 96, generator=torch.Generator().manual_seed(rows))  # leading dims kept
+        got, want = layer(x), F.linear(x, weight, b)
+        assert got.shape == (2, rows, 160)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
