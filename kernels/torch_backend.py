@@ -6,8 +6,10 @@ K/V heads are never repeated (15x slower on CPU) and `enable_gqa` is avoided (5x
 
 Decode rows (one new token per request) run together through `kernels/decode_attention.py` (our
 C++ kernel when it is built, else one padded SDPA; a long KV prefix shared by every row attended
-to once). Prefill rows run one attention per request with an explicit causal mask offset by the
-cached prefix length (SDPA in fp32; in bf16 two GEMMs and a softmax, which run far faster
+to once). Prefill rows run through our C++ prefill kernel (`kernels/csrc/prefill_attention.cpp`,
+one call per layer for every request, straight from the pool) when it is built and has an
+instance for the shapes; else one attention per request with an explicit causal mask offset by
+the cached prefix length (SDPA in fp32; in bf16 two GEMMs and a softmax, which run far faster
 there). A mixed batch (prefill chunks plus running decodes) does both.
 """
 
@@ -19,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.base import AttentionBackend, ForwardMetadata
-from kernels.decode_attention import DecodeAttention
+from kernels.decode_attention import DecodeAttention, kernel_supports
 from kernels.kv_pool import KVPool
 
 
@@ -60,6 +62,8 @@ class TorchAttentionBackend(AttentionBackend):
         # per layer cost a page fault per 4 KiB on CPU, which dominated long-context decode.
         self._gather_bufs: dict[str, list[torch.Tensor]] = {}
         self.decoder = DecodeAttention(pool, num_heads, num_kv_heads, head_dim, self._gather, kernels)
+        # The prefill kernel has the decode kernel's instances (dtypes, head sizes, groups).
+        self.extend_kernel = kernels if kernel_supports(pool.dtype, head_dim, self.group) else None
 
     def plan(self, meta: ForwardMetadata) -> None:
         self.meta = meta
@@ -88,6 +92,14 @@ class TorchAttentionBackend(AttentionBackend):
         self._plan_extend(slots, meta, skip=set(short) if self.mixed_rows is not None else set())
 
     def _plan_extend(self, slots: torch.Tensor, meta: ForwardMetadata, skip: set[int]) -> None:
+        if self.extend_kernel is not None:
+            # Requests in `skip` get no KV slots: the kernel leaves their rows alone.
+            kv_lens = [0 if i in skip else n for i, n in enumerate(meta.seq_lens)]
+            keep = [slots[s : s + n] for s, n in zip(_starts(meta.seq_lens), kv_lens) if n]
+            self.kernel_slots = torch.cat(keep) if keep else slots[:0]
+            self.q_indptr = torch.tensor([*_starts(meta.extend_lens), sum(meta.extend_lens)], dtype=torch.int64)
+            self.kv_indptr = torch.tensor([*_starts(kv_lens), sum(kv_lens)], dtype=torch.int64)
+            return
         # Per request not in `skip`: (query row range, KV slots of its whole sequence, causal mask,
         # cached prefix length: the mask's first columns, all visible).
         self.extend_plan: list[tuple[int, int, torch.Tensor, torch.Tensor | None, int]] = []
@@ -139,6 +151,13 @@ class TorchAttentionBackend(AttentionBackend):
     def _extend(self, layer_id: int, q: torch.Tensor) -> torch.Tensor:
         """The extend_plan rows of `q`'s attention (rows of other requests are left unset)."""
         kvh, group, d = self.num_kv_heads, self.group, self.head_dim
+        if self.extend_kernel is not None:
+            # A q of another dtype than the pool's (fp32 activations over a bf16 cache) is rounded to it.
+            q3 = q.to(self.pool.dtype).contiguous().view(q.shape[0], self.num_heads, d)
+            o3 = torch.empty_like(q3)
+            self.extend_kernel.prefill_attention(q3, self.pool.k[layer_id], self.pool.v[layer_id], self.kernel_slots,
+                                                 self.q_indptr, self.kv_indptr, self.scale, o3)
+            return o3.view(q.shape[0], -1).to(q.dtype)
         out = torch.empty((q.shape[0], self.num_heads * d), dtype=q.dtype, device=q.device)
         for q_start, ext_len, req_slots, mask, prefix_len in self.extend_plan:
             q_req = q[q_start : q_start + ext_len].view(ext_len, kvh, group, d)

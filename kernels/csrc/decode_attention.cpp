@@ -11,9 +11,7 @@
 // 128, group 1 to 8. Out [B, H, D] in q's dtype, and the log-sum-exp [B, H] (fp32) for merging with
 // another part (cascade). fp32 or bf16 (the pool's dtype must match q's); accumulation is fp32.
 //
-// Vectors are GCC vector extensions of 8 floats: one ymm register on AVX2 and on AVX-512 alike
-// (Zen 4 runs a zmm op as two ymm halves, so wider vectors would not add throughput there), and
-// the same source builds for both. A score is a dot product over D, so each K row gives one
+// Vectors are vec8.h's 8 floats. A score is a dot product over D, so each K row gives one
 // vector of partial sums per query row; eight keys' partials are reduced together by a
 // transpose-add tree (no horizontal sum per key). With the query rows and accumulators held in
 // registers that took the kernel from about 100 to 70-85 cycles per K/V row with the rows in
@@ -24,12 +22,11 @@
 // at run time. kernels/cpu_ext.py loads it and falls back to the torch path when it is absent.
 
 #include "kernels.h"
+#include "vec8.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
-#include <c10/util/BFloat16.h>
-#include <immintrin.h>
 
 #include <cmath>
 #include <cstring>
@@ -39,21 +36,7 @@
 
 namespace {
 
-typedef float vf __attribute__((vector_size(32)));     // 8 floats
-typedef int32_t vi __attribute__((vector_size(32)));   // shuffle masks
-constexpr int64_t W = 8;
-
-// Eight values from a row, widened to fp32 (a bf16 is the high half of an fp32).
-inline vf load8(const float* p) {
-  vf v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-inline vf load8(const c10::BFloat16* p) {
-  // AVX2's one-instruction widening (GCC splits __builtin_convertvector into 4-lane halves).
-  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
-}
+using namespace radixserve::vec8;
 
 // [a0+a1, a2+a3, b0+b1, b2+b3, a4+a5, a6+a7, b4+b5, b6+b7] (AVX's hadd).
 inline vf hadd(vf a, vf b) {
@@ -76,12 +59,6 @@ inline float lane_max(vf v) {
 // Rows are fetched this many tokens ahead: slots are often scattered, and the compute per row
 // is too short for the hardware prefetcher and out-of-order window alone to hide the misses.
 constexpr int64_t kPrefetch = 8;
-
-template <typename T>
-inline void prefetch_row(const T* row, int64_t n) {
-  const char* p = reinterpret_cast<const char*>(row);
-  for (int64_t off = 0; off < n * static_cast<int64_t>(sizeof(T)); off += 64) __builtin_prefetch(p + off);
-}
 
 // One (request, KV head): its kGroup query rows against its `len` KV rows. Compile-time sizes
 // let the compiler keep the query rows and the accumulators in registers.

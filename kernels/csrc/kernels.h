@@ -21,6 +21,10 @@ std::vector<at::Tensor> decode_attention(at::Tensor q, at::Tensor k_pool, at::Te
 // dense_gemv.cpp
 at::Tensor dense_gemv(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias);
 
+// prefill_attention.cpp (writes `out`)
+void prefill_attention(at::Tensor q, at::Tensor k_pool, at::Tensor v_pool, at::Tensor slots, at::Tensor q_indptr,
+                       at::Tensor kv_indptr, double scale, at::Tensor out);
+
 // elementwise.cpp
 std::vector<at::Tensor> rms_norm(at::Tensor x, c10::optional<at::Tensor> residual, at::Tensor weight, double eps);
 at::Tensor silu_mul(at::Tensor gate_up);

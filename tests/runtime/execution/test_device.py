@@ -137,7 +137,8 @@ def test_resolved_default_config_uses_the_native_dtype(default_model_path):
 
 
 AVX2_TESTS = ["tests/kernels/test_linear.py", "tests/runtime/execution/test_device.py",
-              "tests/kernels/test_cpu_elementwise.py", "tests/runtime/execution/test_cpu_kernels.py"]
+              "tests/kernels/test_cpu_elementwise.py", "tests/runtime/execution/test_cpu_kernels.py",
+              "tests/kernels/test_prefill_attention.py"]
 
 
 @pytest.mark.slow

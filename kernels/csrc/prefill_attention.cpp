@@ -1,0 +1,266 @@
+// Paged causal prefill (extend) attention on CPU: each request's new query rows attend to its KV
+// slots straight from the pool, with no gather copy, no score matrix and no mask tensor.
+//
+// Why: the torch path gathers every request's K/V per layer, computes the whole [rows, keys]
+// score matrix (half of it masked away), adds a mask and runs a softmax over it in memory. Here
+// a tile of query rows walks its visible keys in blocks with an online (flash-style) softmax,
+// so only the causal half is computed and the scores of one block stay in L1.
+//
+// Layout: q [T, H, D]; k_pool, v_pool [S, KVH, D] (one layer of the pool, contiguous); slots
+// int64 [N]; request b's query rows are q[q_indptr[b] : q_indptr[b+1]] (n_b rows) and its KV
+// slots slots[kv_indptr[b] : kv_indptr[b+1]] (L_b >= n_b: the first L_b - n_b are its cached
+// prefix); its row j sees keys 0 .. L_b - n_b + j. A request with no KV slots is skipped and its
+// rows of `out` are left as they are (a mixed batch attends to short extends as decode rows).
+// H = KVH * group, D 64 or 128, group 1 to 8; fp32 or bf16 (the pool's dtype must match q's),
+// fp32 scores and accumulation; out [T, H, D] in q's dtype.
+//
+// A tile is kRows query rows (kRows / group positions times the group's heads: every K/V row
+// loaded serves all of them). Its rows are the vector lanes (vec8.h): scores are kept as
+// S^T [keys, rows] and the output as O^T [D, rows], so both products are broadcast-FMA loops
+// (c[x][rows] += a[x][k] * b[k][rows]) with no horizontal sums, and the softmax's running max,
+// sum and rescale are per-lane vector operations.
+
+#include "kernels.h"
+#include "vec8.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace {
+
+using namespace radixserve::vec8;
+
+constexpr int64_t kRowVecs = 6;              // vectors of query rows per tile
+constexpr int64_t kRows = kRowVecs * W;      // query rows per tile
+constexpr int64_t kKeys = 32;                // keys per block of the online softmax
+#ifdef __AVX512F__
+constexpr int64_t kX = 4;  // 32 registers: 4 x 6 accumulators, 6 loaded rows, 1 broadcast
+#else
+constexpr int64_t kX = 2;  // 16 registers: 2 x 6 accumulators and a broadcast; rows from memory
+#endif
+constexpr float kLowest = std::numeric_limits<float>::lowest();  // -ffast-math: no infinities
+// exp() arguments are clamped here: libmvec's vector exp hands every lane that underflows to the
+// scalar expf and its error path, and every masked score would take it (profiles showed the
+// scalar calls). A masked key then weighs e^-80 (1.8e-35), nothing next to the row's sum (>= 1).
+constexpr float kExpFloor = -80.0f;
+
+// c[x][:] (+)= sum_k a[x * ax + k * ak] * b[k * kRows + :] for x < X, kRows lanes; c rows kRows apart.
+template <int64_t X>
+inline void mul_rows(const float* a, int64_t ax, int64_t ak, const float* b, int64_t kn, float* c, bool add) {
+  vf acc[X][kRowVecs] = {};
+  for (int64_t k = 0; k < kn; ++k) {
+    vf bv[kRowVecs];
+    for (int64_t v = 0; v < kRowVecs; ++v) bv[v] = load8(b + k * kRows + v * W);
+    for (int64_t x = 0; x < X; ++x) {
+      const vf s = vf{} + a[x * ax + k * ak];
+      for (int64_t v = 0; v < kRowVecs; ++v) acc[x][v] += s * bv[v];
+    }
+  }
+  for (int64_t x = 0; x < X; ++x)
+    for (int64_t v = 0; v < kRowVecs; ++v) {
+      float* p = c + x * kRows + v * W;
+      store8(p, add ? acc[x][v] + load8(p) : acc[x][v]);
+    }
+}
+
+// One thread's scratch, reused by its tiles (about 46 KB at D 64: mostly within L1 and L2).
+template <int64_t D>
+struct Scratch {
+  alignas(64) float qt[D * kRows];      // Q^T, scaled; zero lanes past the tile's rows
+  alignas(64) float ot[D * kRows];      // O^T, unnormalized
+  alignas(64) float kb[kKeys * D];      // a block of K rows, widened
+  alignas(64) float vb[kKeys * D];      // and of V rows
+  alignas(64) float st[kKeys * kRows];  // S^T, then P^T
+  float row_max[kRows], row_sum[kRows], alpha[kRows];
+  int64_t last_key[kRows];              // the last key each row sees
+};
+
+// One tile: the query rows j0 .. j0 + m - 1 of one request and one KV head.
+template <typename T, int64_t D, int64_t G>
+struct Tile {
+  const T* q;       // the request's first query row, at this KV head's first head
+  const T* k_base;  // this KV head's column of the pool
+  const T* v_base;
+  const int64_t* slots;
+  T* out;           // like q
+  int64_t row_stride, q_stride;  // between slots of the pool; between query rows (H * D)
+  int64_t prefix, j0, m;
+  float scale;
+
+  void run(Scratch<D>& s) const {
+    const int64_t rows = m * G, first = prefix + j0, end = prefix + j0 + m;  // keys 0 .. end-1
+    for (int64_t r = 0; r < kRows; ++r) {
+      const int64_t pos = std::min(r / G, m - 1);  // padding lanes copy the last row's limit
+      s.last_key[r] = prefix + j0 + pos;
+      s.row_max[r] = kLowest;
+      s.row_sum[r] = 0.0f;
+      const T* qr = q + (j0 + pos) * q_stride + (r % G) * D;
+      for (int64_t d = 0; d < D; ++d) s.qt[d * kRows + r] = r < rows ? static_cast<float>(qr[d]) * scale : 0.0f;
+    }
+    std::fill(s.ot, s.ot + D * kRows, 0.0f);
+    for (int64_t l0 = 0; l0 < end; l0 += kKeys) {
+      const int64_t n = std::min(kKeys, end - l0);
+      load_block(s, l0, n, end);
+      for (int64_t l = 0; l < n; l += kX) {  // S^T = K_block Q^T
+        if (l + kX <= n) mul_rows<kX>(s.kb + l * D, D, 1, s.qt, D, s.st + l * kRows, false);
+        else for (int64_t x = l; x < n; ++x) mul_rows<1>(s.kb + x * D, D, 1, s.qt, D, s.st + x * kRows, false);
+      }
+      if (l0 + n - 1 > first) mask(s, l0, n);
+      softmax_step(s, n);
+      for (int64_t d = 0; d < D; d += kX)  // O^T += V_block^T P^T
+        mul_rows<kX>(s.vb + d, 1, D, s.st, n, s.ot + d * kRows, true);
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      const float inv = 1.0f / s.row_sum[r];
+      T* o = out + (j0 + r / G) * q_stride + (r % G) * D;
+      for (int64_t d = 0; d < D; ++d) o[d] = static_cast<T>(s.ot[d * kRows + r] * inv);
+    }
+  }
+
+  // Widen keys l0 .. l0+n-1 into the block buffers, prefetching the next block's rows.
+  void load_block(Scratch<D>& s, int64_t l0, int64_t n, int64_t end) const {
+    for (int64_t l = 0; l < n; ++l) {
+      const int64_t ahead = l0 + kKeys + l;
+      if (ahead < end) {
+        prefetch_row(k_base + slots[ahead] * row_stride, D);
+        prefetch_row(v_base + slots[ahead] * row_stride, D);
+      }
+      const T* k = k_base + slots[l0 + l] * row_stride;
+      const T* v = v_base + slots[l0 + l] * row_stride;
+      for (int64_t c = 0; c < D; c += W) {
+        store8(s.kb + l * D + c, load8(k + c));
+        store8(s.vb + l * D + c, load8(v + c));
+      }
+    }
+  }
+
+  // Keys past a row's last key score kLowest (their exp is 0).
+  static void mask(Scratch<D>& s, int64_t l0, int64_t n) {
+    for (int64_t l = 0; l < n; ++l)
+      for (int64_t r = 0; r < kRows; ++r)
+        if (l0 + l > s.last_key[r]) s.st[l * kRows + r] = kLowest;
+  }
+
+  // The online softmax over one block: new running max, P^T = exp(S^T - max) in place, the
+  // running sum and O^T rescaled by exp(old max - new max). Block 0 holds key 0, which every
+  // row sees, so each max is finite from then on.
+  static void softmax_step(Scratch<D>& s, int64_t n) {
+    float top[kRows];
+    std::copy(s.row_max, s.row_max + kRows, top);
+    for (int64_t l = 0; l < n; ++l)
+#pragma omp simd
+      for (int64_t r = 0; r < kRows; ++r) top[r] = std::max(top[r], s.st[l * kRows + r]);
+#pragma omp simd
+    for (int64_t r = 0; r < kRows; ++r) {
+      s.alpha[r] = std::exp(std::max(s.row_max[r] - top[r], kExpFloor));  // vectorized by libmvec (needs -ffast-math)
+      s.row_max[r] = top[r];
+      s.row_sum[r] *= s.alpha[r];
+    }
+    for (int64_t l = 0; l < n; ++l)
+#pragma omp simd
+      for (int64_t r = 0; r < kRows; ++r) {
+        const float p = std::exp(std::max(s.st[l * kRows + r] - top[r], kExpFloor));
+        s.st[l * kRows + r] = p;
+        s.row_sum[r] += p;
+      }
+    for (int64_t d = 0; d < D; ++d)
+#pragma omp simd
+      for (int64_t r = 0; r < kRows; ++r) s.ot[d * kRows + r] *= s.alpha[r];
+  }
+};
+
+struct Item {
+  int64_t b, kh, j0, keys;
+};
+
+template <typename T, int64_t D, int64_t G>
+void prefill_attention_impl(const T* q, const T* k_pool, const T* v_pool, const int64_t* slots,
+                            const int64_t* q_indptr, const int64_t* kv_indptr, T* out, int64_t batch,
+                            int64_t kv_heads, float scale) {
+  constexpr int64_t M = kRows / G;  // query positions per tile
+  const int64_t heads = kv_heads * G;
+  // Items run longest first, taken one at a time by whichever thread is free: the costs are
+  // uneven (a tile's cost is its last key) and the KV heads (3 in the default model) do not
+  // divide among 2 threads, so a static split would leave one thread idle.
+  std::vector<Item> items;
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t n = q_indptr[b + 1] - q_indptr[b], len = kv_indptr[b + 1] - kv_indptr[b];
+    if (len == 0) continue;
+    for (int64_t j0 = 0; j0 < n; j0 += M)
+      for (int64_t kh = 0; kh < kv_heads; ++kh) items.push_back({b, kh, j0, len - n + std::min(j0 + M, n)});
+  }
+  std::stable_sort(items.begin(), items.end(), [](const Item& x, const Item& y) { return x.keys > y.keys; });
+  std::atomic<size_t> next{0};
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+    std::vector<Scratch<D>> scratch(1);  // on the heap: a thread's stack may be small
+    for (size_t i = next++; i < items.size(); i = next++) {
+      const Item& it = items[i];
+      const int64_t n = q_indptr[it.b + 1] - q_indptr[it.b], len = kv_indptr[it.b + 1] - kv_indptr[it.b];
+      const int64_t q_off = q_indptr[it.b] * heads * D + it.kh * G * D;
+      const Tile<T, D, G> tile{q + q_off, k_pool + it.kh * D, v_pool + it.kh * D, slots + kv_indptr[it.b],
+                               out + q_off, kv_heads * D, heads * D, len - n, it.j0, std::min(M, n - it.j0), scale};
+      tile.run(scratch[0]);
+    }
+  });
+}
+
+template <typename T, int64_t D>
+void dispatch_group(int64_t group, const T* q, const T* k, const T* v, const int64_t* slots, const int64_t* q_indptr,
+                    const int64_t* kv_indptr, T* out, int64_t batch, int64_t kv_heads, float scale) {
+  switch (group) {
+#define RS_GROUP(G) \
+  case G: return prefill_attention_impl<T, D, G>(q, k, v, slots, q_indptr, kv_indptr, out, batch, kv_heads, scale);
+    RS_GROUP(1) RS_GROUP(2) RS_GROUP(3) RS_GROUP(4) RS_GROUP(5) RS_GROUP(6) RS_GROUP(7) RS_GROUP(8)
+#undef RS_GROUP
+  }
+  TORCH_CHECK(false, "prefill_attention: query heads per KV head must be 1 to 8, got ", group);
+}
+
+}  // namespace
+
+namespace radixserve {
+
+void prefill_attention(at::Tensor q, at::Tensor k_pool, at::Tensor v_pool, at::Tensor slots, at::Tensor q_indptr,
+                       at::Tensor kv_indptr, double scale, at::Tensor out) {
+  TORCH_CHECK(q.dim() == 3 && k_pool.dim() == 3 && v_pool.dim() == 3, "q [T,H,D], pools [S,KVH,D]");
+  TORCH_CHECK(q.is_contiguous() && k_pool.is_contiguous() && v_pool.is_contiguous() && out.is_contiguous(),
+              "contiguous inputs");
+  TORCH_CHECK(k_pool.scalar_type() == q.scalar_type() && v_pool.scalar_type() == q.scalar_type() &&
+              out.scalar_type() == q.scalar_type(), "q, the pool and out must share a dtype");
+  TORCH_CHECK(slots.scalar_type() == at::kLong && q_indptr.scalar_type() == at::kLong &&
+              kv_indptr.scalar_type() == at::kLong, "int64 indices");
+  const int64_t heads = q.size(1), head_dim = q.size(2), kv_heads = k_pool.size(1), batch = q_indptr.numel() - 1;
+  TORCH_CHECK(heads % kv_heads == 0 && k_pool.size(2) == head_dim && out.sizes() == q.sizes() &&
+              kv_indptr.numel() == batch + 1, "shapes");
+  const int64_t group = heads / kv_heads;
+  // kernels/decode_attention.py kernel_supports() says the same.
+  TORCH_CHECK((head_dim == 64 || head_dim == 128) && group >= 1 && group <= 8, "prefill_attention: head_dim 64 or "
+              "128 and 1 to 8 query heads per KV head, got ", head_dim, " and ", group);
+  auto slots_c = slots.contiguous(), qi = q_indptr.contiguous(), kvi = kv_indptr.contiguous();
+  const int64_t *qp = qi.data_ptr<int64_t>(), *kp = kvi.data_ptr<int64_t>();
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t n = qp[b + 1] - qp[b], len = kp[b + 1] - kp[b];
+    TORCH_CHECK(n >= 0 && (len == 0 || len >= n) && qp[b + 1] <= q.size(0) && kp[b + 1] <= slots.numel(),
+                "prefill_attention: request ", b, " has ", n, " query rows and ", len, " KV slots");
+  }
+  const float s = static_cast<float>(scale);
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    auto call = head_dim == 64 ? dispatch_group<T, 64> : dispatch_group<T, 128>;
+    call(group, q.data_ptr<T>(), k_pool.data_ptr<T>(), v_pool.data_ptr<T>(), slots_c.data_ptr<int64_t>(), qp, kp,
+         out.data_ptr<T>(), batch, kv_heads, s);
+  };
+  if (q.scalar_type() == at::kFloat) {
+    run(float{});
+  } else {
+    TORCH_CHECK(q.scalar_type() == at::kBFloat16, "fp32 or bf16 only");
+    run(c10::BFloat16{});
+  }
+}
+
+}  // namespace radixserve
