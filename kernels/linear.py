@@ -15,10 +15,11 @@ copy is kept too).
 
 Plain rows with our GEMV (`RowGemvLinearMethod`, installed by `load_model` on CPU in fp32 when our
 kernels are built): the weight stays as loaded, row-major, and is never packed. Calls of at most
-GEMV_MAX_ROWS rows (decode) run our kernel (kernels/csrc/dense_gemv.cpp), which streams the rows
-at about 1.6x the bandwidth of oneDNN's packed fp32 call; larger calls run oneDNN on the plain
-weight, 5-25% slower than on a packed one at prefill sizes. A tied head then needs no copy of the
-embedding table either.
+GEMV_MAX_ROWS rows (decode) run our kernel (kernels/csrc/dense_gemv.cpp), which streams one row
+at about 1.6-1.9x the bandwidth of oneDNN's packed fp32 call; larger calls (prefill) run oneDNN
+on the plain weight, slower than on a packed one (docs/benchmarks.md). Batched decode of 5-16
+rows is what this trades away (0.75-1.05x the packed speed); a tied head needs no copy of the
+embedding table, which the packed one did.
 
 The method is an object beside the layer, not a subclass of it, because every parallel linear
 (runtime/parallel/layers.py: column, row, head) subclasses `Linear` for its sharding and
@@ -110,7 +111,9 @@ class Int8LinearMethod(LinearMethod):
         return super().apply(layer, x)
 
 
-GEMV_MAX_ROWS = 4  # rows up to which our GEMV beats oneDNN in fp32 (docs/benchmarks.md); kernel max 8
+# Rows up to which our GEMV runs (its most): at 1-4 rows 1.1-1.9x oneDNN's packed fp32 speed,
+# at 5-16 0.75-1.05x, and faster than oneDNN on the plain weight throughout (docs/benchmarks.md).
+GEMV_MAX_ROWS = 16
 
 
 class RowGemvLinearMethod(LinearMethod):

@@ -11,7 +11,7 @@ Prints milliseconds per pass, the read bandwidth and each path's ratio to `packe
 faster); appends JSON lines to `--output`. Alternates the paths pass by pass, so that a machine
 whose speed drifts slows all of them alike.
 
-    .venv/bin/python scripts/bench_dense_gemv.py --dtype float32 --rows 1 2 3 4 8
+    .venv/bin/python scripts/bench_dense_gemv.py --dtype float32 --rows 1 2 3 4 5 8 16
 """
 
 from __future__ import annotations
@@ -24,12 +24,13 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from types import ModuleType
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from kernels.linear import pack_weight  # noqa: E402
+from kernels.linear import GEMV_MAX_ROWS, pack_weight  # noqa: E402
 from runtime.execution.cpu_kernels import load_cpu_kernels  # noqa: E402
 from runtime.execution.device import cpu_capability  # noqa: E402
 
@@ -38,10 +39,23 @@ LAYER_SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # qkv, o, gat
 HEAD = (49152, 576)
 
 
+def step_paths(xs: dict[int, torch.Tensor], plain: list[torch.Tensor], packed: list[torch.Tensor],
+               kernels: ModuleType | None) -> dict[str, Callable[[], object]]:
+    """One pass over the step's linears, per path; `xs`: the activation rows, by input width."""
+    linear = torch.ops.mkldnn._linear_pointwise
+    paths: dict[str, Callable[[], object]] = {
+        "packed": lambda: [linear(xs[w.shape[1]], p, None, "none", [], "") for w, p in zip(plain, packed)],
+        "plain": lambda: [linear(xs[w.shape[1]], w, None, "none", [], "") for w in plain],
+    }
+    if kernels is not None:
+        paths["gemv"] = lambda: [kernels.dense_gemv(xs[w.shape[1]], w, None) for w in plain]
+    return paths
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 3, 4, 8])
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 3, 4, 5, 8, 16])
     parser.add_argument("--passes", type=int, default=9)
     parser.add_argument("--output", default="results/bench_dense_gemv.jsonl")
     args = parser.parse_args()
@@ -59,15 +73,9 @@ def main() -> None:
     cpu = cpu_capability().describe()
     print(f"{cpu}; {args.dtype}; {total_bytes / 1e6:.0f} MB of weights a pass; ms per pass (median of {args.passes})")
     os.makedirs(os.path.dirname(args.output) or ".", exist_ok=True)
-    linear = torch.ops.mkldnn._linear_pointwise
     for rows in args.rows:
         xs = {k: torch.randn(rows, k, generator=gen).to(dtype) for k in (576, 1536)}
-        paths: dict[str, Callable[[], object]] = {
-            "packed": lambda: [linear(xs[w.shape[1]], p, None, "none", [], "") for w, p in zip(plain, packed)],
-            "plain": lambda: [linear(xs[w.shape[1]], w, None, "none", [], "") for w in plain],
-        }
-        if rows <= 8:
-            paths["gemv"] = lambda: [kernels.dense_gemv(xs[w.shape[1]], w, None) for w in plain]
+        paths = step_paths(xs, plain, packed, kernels if rows <= GEMV_MAX_ROWS else None)
         times: dict[str, list[float]] = {name: [] for name in paths}
         for _ in range(args.passes + 1):  # the first pass warms up
             for name, run in paths.items():

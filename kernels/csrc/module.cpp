@@ -10,7 +10,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using pybind11::arg;
   m.def("decode_attention", &radixserve::decode_attention,
         "paged decode attention over one layer of the KV pool: (out, lse)");
-  m.def("dense_gemv", &radixserve::dense_gemv, "x [M <= 8, K] @ W^T (+ bias) on a plain row-major fp32 or bf16 weight",
+  m.def("dense_gemv", &radixserve::dense_gemv, "x [M <= 16, K] @ W^T (+ bias) on a plain row-major fp32 or bf16 weight",
         arg("x"), arg("w"), arg("bias") = pybind11::none());
   m.def("prefill_attention", &radixserve::prefill_attention,
         "paged causal prefill attention over one layer of the KV pool, into out [T, H, D]", arg("q"), arg("k_pool"),
