@@ -65,10 +65,10 @@ inline void dot_tile(const T* w, int64_t K, const float* x, float (&out)[kRows][
   vf acc[kRows][kCols] = {};
   const int64_t body = K / W * W;
   const char* next = reinterpret_cast<const char*>(w + kCols * K);
+  constexpr int64_t kStepBytes = kCols * W * static_cast<int64_t>(sizeof(T));  // of the next tile, per step
   for (int64_t k = 0; k < body; k += W) {
     const char* p = next + k * kCols * static_cast<int64_t>(sizeof(T));
-    __builtin_prefetch(p);
-    __builtin_prefetch(p + 64);
+    for (int64_t off = 0; off < kStepBytes; off += 64) __builtin_prefetch(p + off);
     vf wv[kCols];
     for (int c = 0; c < kCols; ++c) wv[c] = load8(w + c * K + k);
     for (int r = 0; r < kRows; ++r) {

@@ -59,6 +59,7 @@ constexpr float kLowest = std::numeric_limits<float>::lowest();  // -ffast-math:
 // scalar expf and its error path, and every masked score would take it (profiles showed the
 // scalar calls). A masked key then weighs e^-80 (1.8e-35), nothing next to the row's sum (>= 1).
 constexpr float kExpFloor = -80.0f;
+alignas(64) constexpr float kZeroRow[kRows] = {};  // P^T's row for a key past the block's last
 
 // c[x][:] (+)= sum_k a[x * ax + k * ak] * b[k * kRows + :] for x < X, kRows lanes; c rows kRows apart.
 template <int64_t X>
@@ -80,25 +81,42 @@ inline void mul_rows(const float* a, int64_t ax, int64_t ak, const float* b, int
 }
 
 #if RS_BF16_DOT
-// c[x][:] = scale * sum_i a[x * ax + i] . b[i * kRows + :], each a 32-bit pair of bf16.
+// c[x][:] (+)= scale * sum_i a[x * ax + i * ai] . b[i * kRows + :], each a 32-bit pair of bf16.
 template <int64_t X>
-inline void dot_rows_bf16(const uint32_t* a, int64_t ax, const uint32_t* b, int64_t kn, float* c, float scale) {
+inline void dot_rows_bf16(const uint32_t* a, int64_t ax, int64_t ai, const uint32_t* b, int64_t kn, float* c,
+                          float scale, bool add) {
   __m256 acc[X][kRowVecs] = {};
   for (int64_t i = 0; i < kn; ++i) {
     __m256bh bv[kRowVecs];
     for (int64_t v = 0; v < kRowVecs; ++v)
       bv[v] = (__m256bh)_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i * kRows + v * W));
     for (int64_t x = 0; x < X; ++x) {
-      const __m256bh s = (__m256bh)_mm256_set1_epi32(static_cast<int>(a[x * ax + i]));
+      const __m256bh s = (__m256bh)_mm256_set1_epi32(static_cast<int>(a[x * ax + i * ai]));
       for (int64_t v = 0; v < kRowVecs; ++v) acc[x][v] = _mm256_dpbf16_ps(acc[x][v], bv[v], s);
     }
   }
   for (int64_t x = 0; x < X; ++x)
-    for (int64_t v = 0; v < kRowVecs; ++v) _mm256_storeu_ps(c + x * kRows + v * W, acc[x][v] * scale);
+    for (int64_t v = 0; v < kRowVecs; ++v) {
+      float* p = c + x * kRows + v * W;
+      const __m256 r = acc[x][v] * scale;
+      _mm256_storeu_ps(p, add ? _mm256_add_ps(r, _mm256_loadu_ps(p)) : r);
+    }
+}
+
+// P^T's rows 2i and 2i+1 (fp32, kRows lanes each) as kRows bf16 pairs, rounded to nearest even.
+inline void pack_pairs(const float* p0, const float* p1, uint32_t* out) {
+  for (int64_t v = 0; v < kRowVecs; ++v) {
+    const __m128i a = (__m128i)_mm256_cvtneps_pbh(_mm256_loadu_ps(p0 + v * W));
+    const __m128i b = (__m128i)_mm256_cvtneps_pbh(_mm256_loadu_ps(p1 + v * W));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + v * W), _mm_unpacklo_epi16(a, b));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + v * W + 4), _mm_unpackhi_epi16(a, b));
+  }
 }
 #else
 template <int64_t X>  // declared for the branch that the build without it discards, never defined
-void dot_rows_bf16(const uint32_t* a, int64_t ax, const uint32_t* b, int64_t kn, float* c, float scale);
+void dot_rows_bf16(const uint32_t* a, int64_t ax, int64_t ai, const uint32_t* b, int64_t kn, float* c, float scale,
+                   bool add);
+void pack_pairs(const float* p0, const float* p1, uint32_t* out);
 #endif
 
 // One thread's scratch, reused by its tiles (about 60 KB at D 64: within L2, mostly L1).
@@ -113,6 +131,8 @@ struct Scratch {
   int64_t last_key[kRows];              // the last key each row sees
   alignas(64) uint32_t qp[D / 2 * kRows];  // with vdpbf16ps: Q^T in bf16 pairs, unscaled
   alignas(64) uint32_t kp[kKeys * D / 2];  // and the K rows as they are
+  alignas(64) uint32_t vp[kKeys / 2 * D];  // and V's rows 2i and 2i+1 interleaved: pair (i, d) at i * D + d
+  alignas(64) uint32_t pp[kKeys / 2 * kRows];  // and P^T in bf16 pairs of keys
 };
 
 // One tile: the query rows j0 .. j0 + m - 1 of one request and one KV head.
@@ -146,8 +166,7 @@ struct Tile {
       score_block(s, n);
       if (l0 + n - 1 > first) mask(s, l0, n);
       softmax_step(s, n);
-      for (int64_t d = 0; d < D; d += kX)  // O^T += V_block^T P^T
-        mul_rows<kX>(s.vb + d, 1, D, s.st, n, s.ot + d * kRows, true);
+      value_block(s, n);
     }
     for (int64_t r = 0; r < rows; ++r) {
       const float inv = 1.0f / s.row_sum[r];
@@ -161,8 +180,8 @@ struct Tile {
     if constexpr (kDot) {
       constexpr int64_t P = D / 2;
       for (int64_t l = 0; l < n; l += kX) {
-        if (l + kX <= n) dot_rows_bf16<kX>(s.kp + l * P, P, s.qp, P, s.st + l * kRows, scale);
-        else for (int64_t x = l; x < n; ++x) dot_rows_bf16<1>(s.kp + x * P, P, s.qp, P, s.st + x * kRows, scale);
+        if (l + kX <= n) dot_rows_bf16<kX>(s.kp + l * P, P, 1, s.qp, P, s.st + l * kRows, scale, false);
+        else for (int64_t x = l; x < n; ++x) dot_rows_bf16<1>(s.kp + x * P, P, 1, s.qp, P, s.st + x * kRows, scale, false);
       }
       return;
     }
@@ -170,6 +189,21 @@ struct Tile {
       if (l + kX <= n) mul_rows<kX>(s.kb + l * D, D, 1, s.qt, D, s.st + l * kRows, false);
       else for (int64_t x = l; x < n; ++x) mul_rows<1>(s.kb + x * D, D, 1, s.qt, D, s.st + x * kRows, false);
     }
+  }
+
+  // O^T += V_block^T P^T. With vdpbf16ps, P is rounded to bf16 first (as the torch path's bf16
+  // softmax output is) and pairs of keys meet pairs of V rows: half the instructions.
+  void value_block(Scratch<D>& s, int64_t n) const {
+    if constexpr (kDot) {
+      const int64_t pairs = (n + 1) / 2;
+      for (int64_t i = 0; i < pairs; ++i) {
+        if (2 * i + 1 < n) pack_pairs(s.st + 2 * i * kRows, s.st + (2 * i + 1) * kRows, s.pp + i * kRows);
+        else pack_pairs(s.st + 2 * i * kRows, kZeroRow, s.pp + i * kRows);  // odd n: the last key alone
+      }
+      for (int64_t d = 0; d < D; d += kX) dot_rows_bf16<kX>(s.vp + d, 1, D, s.pp, pairs, s.ot + d * kRows, 1.0f, true);
+      return;
+    }
+    for (int64_t d = 0; d < D; d += kX) mul_rows<kX>(s.vb + d, 1, D, s.st, n, s.ot + d * kRows, true);
   }
 
   // Query row r's bf16 pairs into lane r of Q^T (zeros for a padding lane: qr null).
@@ -181,7 +215,8 @@ struct Tile {
     }
   }
 
-  // Widen keys l0 .. l0+n-1 into the block buffers, prefetching the next block's rows.
+  // Widen keys l0 .. l0+n-1 into the block buffers (with vdpbf16ps: K as it is, V's rows
+  // interleaved by pairs), prefetching the next block's rows.
   void load_block(Scratch<D>& s, int64_t l0, int64_t n, int64_t end) const {
     for (int64_t l = 0; l < n; ++l) {
       const int64_t ahead = l0 + kKeys + l;
@@ -190,10 +225,27 @@ struct Tile {
         prefetch_row(v_base + slots[ahead] * row_stride, D);
       }
       const T* k = k_base + slots[l0 + l] * row_stride;
-      const T* v = v_base + slots[l0 + l] * row_stride;
-      for (int64_t c = 0; c < D; c += W) store8(s.vb + l * D + c, load8(v + c));
-      if constexpr (kDot) std::memcpy(s.kp + l * D / 2, k, D * sizeof(T));
-      else for (int64_t c = 0; c < D; c += W) store8(s.kb + l * D + c, load8(k + c));
+      if constexpr (kDot) {
+        std::memcpy(s.kp + l * D / 2, k, D * sizeof(T));
+      } else {
+        const T* v = v_base + slots[l0 + l] * row_stride;
+        for (int64_t c = 0; c < D; c += W) store8(s.vb + l * D + c, load8(v + c));
+        for (int64_t c = 0; c < D; c += W) store8(s.kb + l * D + c, load8(k + c));
+      }
+    }
+    if constexpr (kDot) {
+      static const T kZeros[D] = {};  // the odd block's last pair: a key that is not there
+      for (int64_t l = 0; l < n; l += 2) {
+        const T* v0 = v_base + slots[l0 + l] * row_stride;
+        const T* v1 = l + 1 < n ? v_base + slots[l0 + l + 1] * row_stride : kZeros;
+        uint32_t* pairs = s.vp + l / 2 * D;
+        for (int64_t d = 0; d < D; d += 8) {  // 8 values of each row -> 8 pairs
+          const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(v0 + d));
+          const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(v1 + d));
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(pairs + d), _mm_unpacklo_epi16(a, b));
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(pairs + d + 4), _mm_unpackhi_epi16(a, b));
+        }
+      }
     }
   }
 
