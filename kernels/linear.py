@@ -18,7 +18,7 @@ kernels are built): the weight stays as loaded, row-major, and is never packed. 
 GEMV_MAX_ROWS rows (decode) run our kernel (kernels/csrc/dense_gemv.cpp), which streams one row
 at about 1.6-1.9x the bandwidth of oneDNN's packed fp32 call; larger calls (prefill) run oneDNN
 on the plain weight, slower than on a packed one (docs/benchmarks.md). Batched decode of 5-16
-rows is what this trades away (0.75-1.05x the packed speed); a tied head needs no copy of the
+rows is what this trades away (0.77-0.82x the packed speed); a tied head needs no copy of the
 embedding table, which the packed one did.
 
 The method is an object beside the layer, not a subclass of it, because every parallel linear
@@ -111,8 +111,8 @@ class Int8LinearMethod(LinearMethod):
         return super().apply(layer, x)
 
 
-# Rows up to which our GEMV runs (its most): at 1-4 rows 1.1-1.9x oneDNN's packed fp32 speed,
-# at 5-16 0.75-1.05x, and faster than oneDNN on the plain weight throughout (docs/benchmarks.md).
+# Rows up to which our GEMV runs (its most): at 1-4 rows 1.0-2.0x oneDNN's packed fp32 speed,
+# at 5-16 0.77-0.82x, and faster than oneDNN on the plain weight throughout (docs/benchmarks.md).
 GEMV_MAX_ROWS = 16
 
 

@@ -21,7 +21,8 @@
 // sum and rescale are per-lane vector operations. Where the CPU has AVX-512 BF16 (a -march=native
 // build on Zen 4), both products of a bf16 pool take vdpbf16ps instead: the scores from q and K
 // as they are, P.V from P rounded to bf16 (as the torch path's softmax output is) and V's rows
-// interleaved by pairs (together 1.4-1.6x the kernel's fp32 speed).
+// interleaved by pairs (together they took 35-45% off the kernel's time with fp32 FMAs,
+// scripts/bench_prefill_attention.py).
 
 #include "kernels.h"
 #include "vec8.h"
