@@ -171,7 +171,7 @@ at::Tensor dense_gemv(const at::Tensor& x, const at::Tensor& w, const c10::optio
   const int64_t M = x.size(0), N = w.size(0), K = w.size(1);
   TORCH_CHECK(M >= 1 && M <= kMaxRows, "dense_gemv: 1 to ", kMaxRows, " rows, got ", M);
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "dense_gemv: fp32 or bf16 x");
-  const at::Tensor xf = x.to(at::kFloat).contiguous();  // M * K floats: at most 8 rows, an L1's worth
+  const at::Tensor xf = x.to(at::kFloat).contiguous();  // M * K floats: at most 16 rows, within L1 or L2
   at::Tensor bf;
   if (bias.has_value()) {
     TORCH_CHECK(bias->numel() == N, "dense_gemv: bias [N]");
