@@ -53,6 +53,17 @@ class ForwardMetadata:
         return [s - e for s, e in zip(self.seq_lens, self.extend_lens)]
 
 
+@dataclass
+class DecodeKernelInputs:
+    """A decode batch as kernels/csrc/decode_layer.cpp takes it."""
+
+    out_loc: torch.Tensor  # int64 [B], the slot each row's new K/V is written to
+    slots: torch.Tensor  # int64, every row's KV slots, row after row
+    indptr: torch.Tensor  # int64 [B+1], row b's slots are slots[indptr[b]:indptr[b+1]]
+    k_pools: list[torch.Tensor]  # per layer [num_slots, kv_heads, head_dim]
+    v_pools: list[torch.Tensor]
+
+
 class AttentionBackend(ABC):
     """Paged attention over the KV pool. One object per runner, re-planned for every batch."""
 
@@ -71,6 +82,12 @@ class AttentionBackend(ABC):
             [T, num_heads * head_dim], causal attention of each new token over its request's
             cached prefix and the new tokens up to and including itself.
         """
+
+    def decode_kernel_inputs(self) -> DecodeKernelInputs | None:
+        """For a planned decode batch whose attention our C++ decode kernel runs (no shared
+        prefix split off), what a whole decoder layer in C++ needs (runtime/models/decode_stack.py);
+        None otherwise (the default)."""
+        return None
 
     def init_cuda_graph(self, sizes: list[int], max_pages: int) -> None:  # noqa: B027 (optional hook)
         """Prepare per-batch-size state for decode graphs of these sizes (default: none needed)."""

@@ -20,7 +20,7 @@ from types import ModuleType
 import torch
 import torch.nn.functional as F
 
-from kernels.base import AttentionBackend, ForwardMetadata
+from kernels.base import AttentionBackend, DecodeKernelInputs, ForwardMetadata
 from kernels.decode_attention import DecodeAttention, kernel_supports
 from kernels.kv_pool import KVPool
 
@@ -124,6 +124,13 @@ class TorchAttentionBackend(AttentionBackend):
             self.extend_plan.append((q_start, ext_len, req_slots, mask, prefix_len))
             q_start += ext_len
             kv_start += seq_len
+
+    def decode_kernel_inputs(self) -> DecodeKernelInputs | None:
+        decoder = self.decoder
+        if not self.decode or decoder.kernels is None or decoder.shared_index is not None:
+            return None
+        assert self.meta is not None
+        return DecodeKernelInputs(self.meta.out_cache_loc, decoder.slots, decoder.indptr, self.pool.k, self.pool.v)
 
     def forward(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         meta = self.meta

@@ -18,6 +18,13 @@ namespace radixserve {
 std::vector<at::Tensor> decode_attention(at::Tensor q, at::Tensor k_pool, at::Tensor v_pool, at::Tensor slots,
                                          at::Tensor indptr, double scale);
 
+// decode_layer.cpp
+std::vector<at::Tensor> decode_layer(at::Tensor h, c10::optional<at::Tensor> residual, std::vector<at::Tensor> norms,
+                                     double eps, std::vector<at::Tensor> blocks, std::vector<int64_t> formats,
+                                     std::vector<int64_t> out_features, std::vector<at::Tensor> biases, int64_t isa,
+                                     at::Tensor table, int64_t num_heads, at::Tensor k_pool, at::Tensor v_pool,
+                                     at::Tensor out_loc, at::Tensor slots, at::Tensor indptr, double scale);
+
 // dense_gemv.cpp
 at::Tensor dense_gemv(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias);
 

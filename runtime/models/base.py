@@ -28,6 +28,7 @@ from kernels.norm import RMSNorm
 from kernels.rotary import RotaryEmbedding, RotaryRows
 from runtime.contracts.errors import UnsupportedModel
 from runtime.contracts.model_config import ModelConfig
+from runtime.models.decode_stack import DecodeStack
 from runtime.parallel.context import ParallelContext, rank_context
 from runtime.parallel.layers import (
     ColumnParallelLinear,
@@ -137,13 +138,20 @@ class DecoderModel(nn.Module):
         self.rotary = RotaryEmbedding(
             cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling, dtype, device
         )
+        self.decode_stack: DecodeStack | None = None  # decode steps' layers in C++, when they can
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, backend: AttentionBackend) -> torch.Tensor:
         h = self.embed_tokens(input_ids)
         cos_sin = self.rotary.lookup(positions)
-        residual = None
-        for layer in self.layers:
-            h, residual = layer(h, residual, cos_sin, backend)
+        stacked = None
+        if self.decode_stack is not None and (inputs := backend.decode_kernel_inputs()) is not None:
+            stacked = self.decode_stack.run(h, cos_sin.table, inputs)
+        if stacked is not None:
+            h, residual = stacked
+        else:
+            residual = None
+            for layer in self.layers:
+                h, residual = layer(h, residual, cos_sin, backend)
         h, _ = self.norm(h, residual)
         return h
 

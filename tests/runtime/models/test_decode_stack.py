@@ -1,0 +1,76 @@
+"""A decode step's layers as one C++ call each (runtime/models/decode_stack.py) against the same
+layers in Python: the default model's shipped Q4_1 blocks, both activation dtypes, logits bit for
+bit; and the batches and models it must leave to Python."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from runtime.execution.static_batch import StaticBatch
+from runtime.models.decode_stack import DecodeStack
+from runtime.support.default_model import gguf_path
+
+PROMPTS = [[1, 9690, 30, 2683, 314, 253, 1789], list(range(200, 261)), [42] * 19]
+
+
+@pytest.fixture(scope="module", params=["float32", "bfloat16"])
+def engine(request: pytest.FixtureRequest) -> StaticBatch:
+    return StaticBatch.create(str(gguf_path()), load_format="gguf", dtype=request.param, max_total_tokens=512,
+                              max_running_requests=len(PROMPTS), context_length=128)
+
+
+def _decode_logits(engine: StaticBatch, stack: DecodeStack | None, steps: int) -> list[torch.Tensor]:
+    engine.runner.model.model.decode_stack = stack
+    seqs = [engine.new_seq(p) for p in PROMPTS]
+    engine.append(seqs, engine.step(seqs))
+    logits = []
+    for _ in range(steps):
+        result = engine.step(seqs, keep_logits=True)
+        assert result.last_logits is not None
+        logits.append(result.last_logits.clone())
+        engine.append(seqs, result)
+    engine.release(seqs)
+    return logits
+
+
+def test_stack_runs_the_python_layers_bit_for_bit(engine: StaticBatch) -> None:
+    stack = engine.runner.model.model.decode_stack
+    assert stack is not None, "the default model's blocks run as one call per layer"
+    calls = []
+    original = stack.run
+
+    def counted(*args: object, **kw: object) -> object:
+        out = original(*args, **kw)  # type: ignore[arg-type]
+        calls.append(out is not None)
+        return out
+
+    stack.run = counted  # type: ignore[method-assign,assignment]
+    try:
+        ours = _decode_logits(engine, stack, steps=5)
+    finally:
+        del stack.run
+    assert calls == [True] * 5, "every decode step (and no prefill) ran through the stack"
+    python = _decode_logits(engine, None, steps=5)
+    engine.runner.model.model.decode_stack = stack
+    for step, (a, b) in enumerate(zip(ours, python)):
+        assert torch.equal(a, b), f"decode step {step}: logits differ by {(a - b).abs().max()}"
+
+
+def test_backend_offers_decode_batches_only(engine: StaticBatch) -> None:
+    runner = engine.runner
+    seqs = [engine.new_seq(p) for p in PROMPTS[:2]]
+    runner.backend.plan(runner.prepare([engine.entry(s, len(s.tokens)) for s in seqs]).meta)
+    assert runner.backend.decode_kernel_inputs() is None, "a prefill batch runs the Python layers"
+    engine.append(seqs, engine.step(seqs))
+    runner.backend.plan(runner.prepare([engine.entry(s, len(s.tokens)) for s in seqs]).meta)
+    inputs = runner.backend.decode_kernel_inputs()
+    lens = [len(PROMPTS[0]) + 1, len(PROMPTS[1]) + 1]
+    assert inputs is not None and inputs.indptr.tolist() == [0, lens[0], lens[0] + lens[1]]
+    engine.release(seqs)
+
+
+def test_full_precision_layers_stay_in_python(default_model_path: str) -> None:
+    engine = StaticBatch.create(default_model_path, dtype="float32", max_total_tokens=256, max_running_requests=1)
+    assert engine.runner.model.model.decode_stack is None
+    assert DecodeStack.build(engine.runner.model.model, None) is None
