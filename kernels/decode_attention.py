@@ -46,6 +46,11 @@ class DecodeAttention:
         self.gather = gather
         self.kernels = kernels if kernel_supports(pool.dtype, head_dim, self.group) else None
         self.shared_index: torch.Tensor | None = None  # KV slots every row shares (cascade)
+        # Off when the model runs decode layers as one C++ call each (runtime/models/decode_stack.py,
+        # which takes no cascade): there, each row reading the shared prefix from cache beat the
+        # cascade's Python layers (a Q4_1 step of 16 rows over 1024 shared tokens 38.6 against
+        # 65 ms, 16 over 512 37.7 against 46.7, 32 over 1024 79 against 102).
+        self.cascade = True
 
     def plan(self, slots: torch.Tensor, seq_lens: list[int]) -> None:
         """`slots`: every row's KV slots, row after row (int64 [sum seq_lens])."""
@@ -56,7 +61,8 @@ class DecodeAttention:
         padded[valid] = slots
         # Every row keeps its newest token (its own slot) out of the shared part.
         min_batch, min_shared = CASCADE_MIN["torch" if self.kernels is None else "kernel"]
-        shared = cascade.common_prefix_len(padded, min(seq_lens) - 1) if batch >= min_batch else 0
+        use_cascade = self.cascade and batch >= min_batch
+        shared = cascade.common_prefix_len(padded, min(seq_lens) - 1) if use_cascade else 0
         self.shared_index = None
         own_lens = seq_lens
         if shared >= min_shared:

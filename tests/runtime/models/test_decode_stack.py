@@ -58,7 +58,10 @@ def test_stack_runs_the_python_layers_bit_for_bit(engine: StaticBatch) -> None:
 
 
 def test_backend_offers_decode_batches_only(engine: StaticBatch) -> None:
+    """Prefill batches run the Python layers; decode batches, a shared prefix included (the stack
+    turns the cascade off, measured faster), the stack."""
     runner = engine.runner
+    assert not runner.backend.decoder.cascade
     seqs = [engine.new_seq(p) for p in PROMPTS[:2]]
     runner.backend.plan(runner.prepare([engine.entry(s, len(s.tokens)) for s in seqs]).meta)
     assert runner.backend.decode_kernel_inputs() is None, "a prefill batch runs the Python layers"
