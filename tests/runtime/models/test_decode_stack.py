@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernels.torch_backend import TorchAttentionBackend
 from runtime.execution.static_batch import StaticBatch
 from runtime.models.decode_stack import DecodeStack
 from runtime.support.default_model import gguf_path
@@ -61,7 +62,7 @@ def test_backend_offers_decode_batches_only(engine: StaticBatch) -> None:
     """Prefill batches run the Python layers; decode batches, a shared prefix included (the stack
     turns the cascade off, measured faster), the stack."""
     runner = engine.runner
-    assert not runner.backend.decoder.cascade
+    assert isinstance(runner.backend, TorchAttentionBackend) and not runner.backend.decoder.cascade
     seqs = [engine.new_seq(p) for p in PROMPTS[:2]]
     runner.backend.plan(runner.prepare([engine.entry(s, len(s.tokens)) for s in seqs]).meta)
     assert runner.backend.decode_kernel_inputs() is None, "a prefill batch runs the Python layers"
