@@ -19,7 +19,6 @@ from runtime.contracts.model_config import ModelConfig
 from runtime.execution.backends import make_backend
 from runtime.execution.device import DTYPES, rank_device, threads_per_rank
 from runtime.models.base import CausalLM
-from runtime.models.decode_stack import DecodeStack
 
 if TYPE_CHECKING:
     from runtime.parallel.group import TensorParallel
@@ -72,7 +71,7 @@ def load_model_for_serving(config: ServerConfig, tp: TensorParallel | None = Non
 
         ext = load_cpu_kernels()
         model.use_fused_ops(CpuFusedOps(ext) if ext is not None else None)
-        model.model.decode_stack = DecodeStack.build(model.model, ext)
+        model.model.use_decode_stack(ext)
     kv_dtype = DTYPES[config.kv_cache_dtype]
     ps = config.page_size
     max_total = config.max_total_tokens or _cuda_kv_tokens(config, local, kv_dtype)

@@ -16,6 +16,8 @@ same layers run on one rank, where the shards are whole and the collectives do n
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from types import ModuleType
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -138,7 +140,12 @@ class DecoderModel(nn.Module):
         self.rotary = RotaryEmbedding(
             cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling, dtype, device
         )
-        self.decode_stack: DecodeStack | None = None  # decode steps' layers in C++, when they can
+        self.decode_stack: DecodeStack | None = None  # decode steps' layers in C++, when they can (use_decode_stack)
+
+    def use_decode_stack(self, ext: ModuleType | None) -> None:
+        """Run decode steps' layers as one C++ call each where they can (runtime/models/decode_stack.py)."""
+        layers = cast("list[DecoderLayer]", list(self.layers))
+        self.decode_stack = DecodeStack.build(layers, self.embed_tokens.size, ext)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, backend: AttentionBackend) -> torch.Tensor:
         h = self.embed_tokens(input_ids)

@@ -13,8 +13,9 @@ KV pool holds the activations' dtype. Anything else runs the layers in Python.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from types import ModuleType
-from typing import TYPE_CHECKING, cast
+from typing import Protocol
 
 import torch
 
@@ -22,8 +23,45 @@ from kernels.base import DecodeKernelInputs
 from kernels.linear import Linear
 from kernels.quant_linear import BlockQuantLinearMethod
 
-if TYPE_CHECKING:
-    from runtime.models.base import DecoderLayer, DecoderModel
+
+# What the stack reads of a DecoderLayer (runtime/models/base.py, which imports this module).
+class _Norm(Protocol):
+    @property
+    def weight(self) -> torch.Tensor: ...
+    @property
+    def eps(self) -> float: ...
+
+
+class _Attention(Protocol):
+    @property
+    def qkv_proj(self) -> Linear: ...
+    @property
+    def o_proj(self) -> Linear: ...
+    @property
+    def qk_norm(self) -> bool: ...
+    @property
+    def num_heads(self) -> int: ...
+    @property
+    def head_dim(self) -> int: ...
+
+
+class _MLP(Protocol):
+    @property
+    def gate_up_proj(self) -> Linear: ...
+    @property
+    def down_proj(self) -> Linear: ...
+
+
+class Layer(Protocol):
+    @property
+    def input_layernorm(self) -> _Norm: ...
+    @property
+    def post_attention_layernorm(self) -> _Norm: ...
+    @property
+    def self_attn(self) -> _Attention: ...
+    @property
+    def mlp(self) -> _MLP: ...
+
 
 LayerArgs = tuple[list[torch.Tensor], list[torch.Tensor], list[int], list[int], list[torch.Tensor]]
 NO_BIAS = torch.empty(0)
@@ -39,23 +77,22 @@ class DecodeStack:
         self.eps, self.isa, self.num_heads, self.scale = eps, isa, num_heads, scale
 
     @classmethod
-    def build(cls, model: DecoderModel, ext: ModuleType | None) -> DecodeStack | None:
-        """The stack for `model`, or None when a layer cannot run as one call."""
-        if ext is None or not hasattr(ext, "decode_layer") or model.embed_tokens.size != 1:
+    def build(cls, layers: Sequence[Layer], ranks: int, ext: ModuleType | None) -> DecodeStack | None:
+        """The stack for a decoder's layers on `ranks` ranks, or None when a layer cannot run as one call."""
+        if ext is None or not hasattr(ext, "decode_layer") or ranks != 1 or not layers:
             return None
-        decoder_layers = cast("list[DecoderLayer]", list(model.layers))
-        layers: list[LayerArgs] = []
+        args: list[LayerArgs] = []
         isas: set[int] = set()
-        for layer in decoder_layers:
-            args = _layer_args(layer, isas)
-            if args is None:
+        for layer in layers:
+            one = _layer_args(layer, isas)
+            if one is None:
                 return None
-            layers.append(args)
-        eps = {layer.input_layernorm.eps for layer in decoder_layers}
+            args.append(one)
+        eps = {layer.input_layernorm.eps for layer in layers}
         if len(isas) != 1 or len(eps) != 1:
             return None
-        attn = decoder_layers[0].self_attn
-        return cls(ext, layers, eps.pop(), isas.pop(), attn.num_heads, attn.head_dim**-0.5)
+        attn = layers[0].self_attn
+        return cls(ext, args, eps.pop(), isas.pop(), attn.num_heads, attn.head_dim**-0.5)
 
     def run(self, h: torch.Tensor, table: torch.Tensor, inputs: DecodeKernelInputs
             ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
@@ -72,7 +109,7 @@ class DecodeStack:
         return h, residual
 
 
-def _layer_args(layer: DecoderLayer, isas: set[int]) -> LayerArgs | None:
+def _layer_args(layer: Layer, isas: set[int]) -> LayerArgs | None:
     attn, mlp = layer.self_attn, layer.mlp
     if attn.qk_norm or layer.input_layernorm.eps != layer.post_attention_layernorm.eps:
         return None

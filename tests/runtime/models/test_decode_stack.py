@@ -77,4 +77,6 @@ def test_backend_offers_decode_batches_only(engine: StaticBatch) -> None:
 def test_full_precision_layers_stay_in_python(default_model_path: str) -> None:
     engine = StaticBatch.create(default_model_path, dtype="float32", max_total_tokens=256, max_running_requests=1)
     assert engine.runner.model.model.decode_stack is None
-    assert DecodeStack.build(engine.runner.model.model, None) is None
+    decoder = engine.runner.model.model
+    decoder.use_decode_stack(None)  # nor without the built kernels
+    assert decoder.decode_stack is None
