@@ -1,11 +1,11 @@
 // One decoder layer of a decode step in one call: the norms, the four linears on GGUF blocks,
 // the rotary, the KV write and the decode attention, each by the same kernel the layer's Python
-// path calls (kernels/decode_stack.py says when this path applies).
+// path calls (runtime/models/decode_stack.py says when this path applies).
 //
 // Why: at one decode row the kernels of a layer take about 140 us and the Python around them
 // (module calls, views, the KV write's two index_copy_ and their casts) about as much again: 30
 // layers of it were a third of a Q4_1 step. Here the same kernels run back to back from C++, so
-// the results are the Python path's bit for bit (tests/kernels/test_decode_stack.py).
+// the results are the Python path's bit for bit (tests/runtime/models/test_decode_stack.py).
 
 #include "kernels.h"
 
