@@ -83,11 +83,13 @@ def main() -> None:
     parser.add_argument("--shared", type=int, nargs="+", default=[0], help="shared prefix tokens (0: none)")
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                        help="activations (auto: the server's default for this CPU)")
     parser.add_argument("--output", default="results/bench_decode_stack.jsonl")
     args = parser.parse_args()
     most = max(args.batch_size)
     longest = max(args.shared) + max(OWN, 256) + args.steps + 8
-    engine = StaticBatch.create(str(gguf_path()), load_format="gguf", max_running_requests=most + 1,
+    engine = StaticBatch.create(str(gguf_path()), load_format="gguf", dtype=args.dtype, max_running_requests=most + 1,
                                 max_total_tokens=max(args.shared) + most * longest + 64, context_length=longest)
     decoder, backend = engine.runner.model.model, engine.runner.backend
     stack = decoder.decode_stack
