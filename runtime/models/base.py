@@ -30,7 +30,7 @@ from kernels.norm import RMSNorm
 from kernels.rotary import RotaryEmbedding, RotaryRows
 from runtime.contracts.errors import UnsupportedModel
 from runtime.contracts.model_config import ModelConfig
-from runtime.models.decode_stack import DecodeStack
+from runtime.models.decode_stack import BlockLayer, DecodeStack
 from runtime.parallel.context import ParallelContext, rank_context
 from runtime.parallel.layers import (
     ColumnParallelLinear,
@@ -116,6 +116,14 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
         self.mlp = MLP(cfg, dtype, device, tp)
 
+    def block_layer(self) -> BlockLayer | None:
+        """This layer as one decode_layer call, when its linears are all GGUF blocks (else None)."""
+        attn, mlp, norms = self.self_attn, self.mlp, (self.input_layernorm, self.post_attention_layernorm)
+        if attn.qk_norm or norms[0].eps != norms[1].eps:
+            return None
+        return BlockLayer.of([n.weight for n in norms], norms[0].eps,
+                             [attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj])
+
     def forward(
         self, h: torch.Tensor, residual: torch.Tensor | None, cos_sin: RotaryRows, backend: AttentionBackend
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -145,7 +153,9 @@ class DecoderModel(nn.Module):
     def use_decode_stack(self, ext: ModuleType | None) -> None:
         """Run decode steps' layers as one C++ call each where they can (runtime/models/decode_stack.py)."""
         layers = cast("list[DecoderLayer]", list(self.layers))
-        self.decode_stack = DecodeStack.build(layers, self.embed_tokens.size, ext)
+        attn = layers[0].self_attn if layers else None
+        self.decode_stack = None if attn is None else DecodeStack.build(
+            [layer.block_layer() for layer in layers], self.embed_tokens.size, attn.num_heads, attn.head_dim, ext)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, backend: AttentionBackend) -> torch.Tensor:
         h = self.embed_tokens(input_ids)
