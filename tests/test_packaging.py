@@ -13,8 +13,9 @@ def test_no_other_distribution_provides_our_kernels_package() -> None:
     (pyproject.toml pins transformers below 5.25 for this)."""
     with pytest.raises(importlib.metadata.PackageNotFoundError):
         importlib.metadata.version("kernels")
-    import kernels
     import transformers.activations  # imports transformers' hub kernels integration
+
+    import kernels
 
     assert kernels.__file__ is not None and "site-packages" not in kernels.__file__
     assert transformers.activations.ACT2FN is not None
