@@ -58,8 +58,9 @@ class DecodeKernelInputs:
     """A decode batch as kernels/csrc/decode_layer.cpp takes it."""
 
     out_loc: torch.Tensor  # int64 [B], the slot each row's new K/V is written to
-    slots: torch.Tensor  # int64, every row's KV slots, row after row
+    slots: torch.Tensor  # int64, every row's own KV slots (after shared_slots), row after row
     indptr: torch.Tensor  # int64 [B+1], row b's slots are slots[indptr[b]:indptr[b+1]]
+    shared_slots: torch.Tensor | None  # int64, the KV slots every row has first (cascade); None: none
     k_pools: list[torch.Tensor]  # per layer [num_slots, kv_heads, head_dim]
     v_pools: list[torch.Tensor]
 
@@ -84,9 +85,8 @@ class AttentionBackend(ABC):
         """
 
     def decode_kernel_inputs(self) -> DecodeKernelInputs | None:
-        """For a planned decode batch whose attention our C++ decode kernel runs (no shared
-        prefix split off), what a whole decoder layer in C++ needs (runtime/models/decode_stack.py);
-        None otherwise (the default)."""
+        """For a planned decode batch whose attention our C++ decode kernels run, what a whole
+        decoder layer in C++ needs (runtime/models/decode_stack.py); None otherwise (the default)."""
         return None
 
     def init_cuda_graph(self, sizes: list[int], max_pages: int) -> None:  # noqa: B027 (optional hook)

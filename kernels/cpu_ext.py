@@ -19,8 +19,8 @@ import torch
 
 NAME = "radixserve_cpu_kernels"
 SOURCES = [Path(__file__).parent / "csrc" / name
-           for name in ("module.cpp", "decode_attention.cpp", "decode_layer.cpp", "dense_gemv.cpp",
-                        "prefill_attention.cpp", "elementwise.cpp", "quant_gemm.cpp")]
+           for name in ("module.cpp", "cascade_attention.cpp", "decode_attention.cpp", "decode_layer.cpp",
+                        "dense_gemv.cpp", "prefill_attention.cpp", "elementwise.cpp", "quant_gemm.cpp")]
 HEADERS = [Path(__file__).parent / "csrc" / name  # in the key
            for name in ("kernels.h", "vec8.h", "quant_gemm_groups.h")]
 # -ffast-math: glibc declares its vector exp (libmvec) only under it; without it every score's

@@ -5,8 +5,9 @@
     rows straight from the pool by slot, once for all query heads that share them (3x the speed
     of the torch way at 16 requests of 384 tokens, 4x at 1160);
   - the torch way: gather every request's KV into a padded [B, max_len] buffer, then one SDPA.
-Rows that all share a long KV prefix attend to it once (cascade, `kernels/cascade.py`); their own
-tokens go either way above, and the two parts are merged by log-sum-exp.
+Rows that all share a long KV prefix attend to it once (cascade); their own tokens go either way
+above, and the parts are merged by log-sum-exp: with the kernels all in C++
+(`kernels/csrc/cascade_attention.cpp`), otherwise by torch ops (`kernels/cascade.py`).
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ Gather = Callable[[int, torch.Tensor, str], tuple[torch.Tensor, torch.Tensor]]
 
 # Cascade the shared prefix of a decode batch when at least (rows, shared KV tokens) share it.
 # Measured a step, bf16, 2 cores. The torch way: B=8 with 256 shared 17.0 vs 18.9 ms, B=16 with
-# 512 shared 24.6 vs 32.7 ms; not at B=4 or 128 shared. Our kernel reads the KV far faster, so
-# only more sharing pays: B=16 with 512 shared 24.2 vs 25.2 ms, with 1024 27.3 vs 31.0, B=32
-# with 1024 42.6 vs 52.9; B=8 with 1024 or B=12 with 768 were even, B=8 with 256 lost.
+# 512 shared 24.6 vs 32.7 ms; not at B=4 or 128 shared. The kernels, per layer against each row
+# reading the prefix whole (9 heads over 3 KV heads of 64): B=16 over 1024 shared and 128 own
+# 336 vs 526 us, over 512 244 vs 343, B=32 over 1024 629 vs 1141; B=8 over 1024 even (209 vs
+# 227), B=16 over 256 and B=4 lost (the prefix's tile has 48 query rows, 16 rows of 3 heads).
 CASCADE_MIN = {"torch": (8, 256), "kernel": (16, 512)}
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 KERNEL_HEAD_DIMS = (64, 128)  # and 1 to 8 query heads per KV head (decode_attention.cpp's instances)
@@ -46,11 +48,6 @@ class DecodeAttention:
         self.gather = gather
         self.kernels = kernels if kernel_supports(pool.dtype, head_dim, self.group) else None
         self.shared_index: torch.Tensor | None = None  # KV slots every row shares (cascade)
-        # Off when the model runs decode layers as one C++ call each (runtime/models/decode_stack.py,
-        # which takes no cascade): there, each row reading the shared prefix from cache beat the
-        # cascade's Python layers (a Q4_1 step of 16 rows over 1024 shared tokens 38.6 against
-        # 65 ms, 16 over 512 37.7 against 46.7, 32 over 1024 79 against 102).
-        self.cascade = True
 
     def plan(self, slots: torch.Tensor, seq_lens: list[int]) -> None:
         """`slots`: every row's KV slots, row after row (int64 [sum seq_lens])."""
@@ -61,7 +58,7 @@ class DecodeAttention:
         padded[valid] = slots
         # Every row keeps its newest token (its own slot) out of the shared part.
         min_batch, min_shared = CASCADE_MIN["torch" if self.kernels is None else "kernel"]
-        use_cascade = self.cascade and batch >= min_batch
+        use_cascade = batch >= min_batch
         shared = cascade.common_prefix_len(padded, min(seq_lens) - 1) if use_cascade else 0
         self.shared_index = None
         own_lens = seq_lens
@@ -86,6 +83,10 @@ class DecodeAttention:
         batch, d = q.shape[0], self.head_dim
         if self.shared_index is None:
             return self._own(layer_id, q, with_lse=False)[0].reshape(batch, self.num_heads * d)
+        if self.kernels is not None and q.dtype == self.pool.dtype:
+            return self.kernels.cascade_attention(
+                q.contiguous(), self.pool.k[layer_id], self.pool.v[layer_id], self.shared_index, self.slots,
+                self.indptr, self.scale).reshape(batch, self.num_heads * d)
         own, own_lse = self._own(layer_id, q, with_lse=True)
         assert own_lse is not None  # asked for
         shared, shared_lse = self._shared(layer_id, q)

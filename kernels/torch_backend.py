@@ -127,10 +127,11 @@ class TorchAttentionBackend(AttentionBackend):
 
     def decode_kernel_inputs(self) -> DecodeKernelInputs | None:
         decoder = self.decoder
-        if not self.decode or decoder.kernels is None or decoder.shared_index is not None:
+        if not self.decode or decoder.kernels is None:
             return None
         assert self.meta is not None
-        return DecodeKernelInputs(self.meta.out_cache_loc, decoder.slots, decoder.indptr, self.pool.k, self.pool.v)
+        return DecodeKernelInputs(self.meta.out_cache_loc, decoder.slots, decoder.indptr, decoder.shared_index,
+                                  self.pool.k, self.pool.v)
 
     def forward(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         meta = self.meta

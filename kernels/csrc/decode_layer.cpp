@@ -33,13 +33,15 @@ namespace radixserve {
 // h [B, hidden] and the residual stream (None before the first layer: h is the residual); norms
 // [in, post]; blocks, formats, out_features and biases (empty tensor: none) of [qkv, o, gate_up,
 // down]; table [B, 2 * head_dim] (rotary.cpp's); the layer's pools [S, kv_heads, head_dim], each
-// row's new slot out_loc [B] and its KV slots slots/indptr (decode_attention.cpp's). Returns the
+// row's new slot out_loc [B] and its KV slots slots/indptr (decode_attention.cpp's; with
+// shared_slots, the slots every row has before its own: cascade_attention.cpp's). Returns the
 // layer's output and the residual stream, as DecoderLayer.forward does.
 std::vector<at::Tensor> decode_layer(at::Tensor h, c10::optional<at::Tensor> residual, std::vector<at::Tensor> norms,
                                      double eps, std::vector<at::Tensor> blocks, std::vector<int64_t> formats,
                                      std::vector<int64_t> out_features, std::vector<at::Tensor> biases, int64_t isa,
                                      at::Tensor table, int64_t num_heads, at::Tensor k_pool, at::Tensor v_pool,
-                                     at::Tensor out_loc, at::Tensor slots, at::Tensor indptr, double scale) {
+                                     at::Tensor out_loc, at::Tensor slots, at::Tensor indptr, double scale,
+                                     c10::optional<at::Tensor> shared_slots) {
   TORCH_CHECK(norms.size() == 2 && blocks.size() == 4 && formats.size() == 4 && out_features.size() == 4 &&
               biases.size() == 4, "decode_layer: 2 norms and 4 linears (qkv, o, gate_up, down)");
   TORCH_CHECK(h.dim() == 2 && k_pool.dim() == 3, "decode_layer: h [B, hidden], pools [S, kv_heads, head_dim]");
@@ -60,7 +62,10 @@ std::vector<at::Tensor> decode_layer(at::Tensor h, c10::optional<at::Tensor> res
   k_pool.index_copy_(0, out_loc, qk.narrow(1, num_heads, kv_heads));
   v_pool.index_copy_(0, out_loc, v);
   const at::Tensor q = qk.narrow(1, 0, num_heads).contiguous();
-  const at::Tensor attn = decode_attention(q, k_pool, v_pool, slots, indptr, scale)[0].view({rows, num_heads * head_dim});
+  const at::Tensor attn = (shared_slots.has_value()
+                               ? cascade_attention(q, k_pool, v_pool, *shared_slots, slots, indptr, scale)
+                               : decode_attention(q, k_pool, v_pool, slots, indptr, scale)[0])
+                              .view({rows, num_heads * head_dim});
 
   normed = rms_norm(o_proj(attn, isa), stream, norms[1], eps);
   const at::Tensor act = silu_mul(gate_up_proj(normed[0], isa));

@@ -14,6 +14,10 @@
 
 namespace radixserve {
 
+// cascade_attention.cpp
+at::Tensor cascade_attention(at::Tensor q, at::Tensor k_pool, at::Tensor v_pool, at::Tensor shared_slots,
+                             at::Tensor slots, at::Tensor indptr, double scale);
+
 // decode_attention.cpp
 std::vector<at::Tensor> decode_attention(at::Tensor q, at::Tensor k_pool, at::Tensor v_pool, at::Tensor slots,
                                          at::Tensor indptr, double scale);
@@ -23,14 +27,17 @@ std::vector<at::Tensor> decode_layer(at::Tensor h, c10::optional<at::Tensor> res
                                      double eps, std::vector<at::Tensor> blocks, std::vector<int64_t> formats,
                                      std::vector<int64_t> out_features, std::vector<at::Tensor> biases, int64_t isa,
                                      at::Tensor table, int64_t num_heads, at::Tensor k_pool, at::Tensor v_pool,
-                                     at::Tensor out_loc, at::Tensor slots, at::Tensor indptr, double scale);
+                                     at::Tensor out_loc, at::Tensor slots, at::Tensor indptr, double scale,
+                                     c10::optional<at::Tensor> shared_slots);
 
 // dense_gemv.cpp
 at::Tensor dense_gemv(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias);
 
-// prefill_attention.cpp (writes `out`)
+// prefill_attention.cpp (prefill_attention writes `out`)
 void prefill_attention(at::Tensor q, at::Tensor k_pool, at::Tensor v_pool, at::Tensor slots, at::Tensor q_indptr,
                        at::Tensor kv_indptr, double scale, at::Tensor out);
+std::vector<at::Tensor> shared_prefix_attention(at::Tensor q, at::Tensor k_pool, at::Tensor v_pool, at::Tensor slots,
+                                                double scale);
 
 // elementwise.cpp
 std::vector<at::Tensor> rms_norm(at::Tensor x, c10::optional<at::Tensor> residual, at::Tensor weight, double eps);

@@ -8,13 +8,16 @@
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using pybind11::arg;
+  m.def("cascade_attention", &radixserve::cascade_attention,
+        "decode attention for rows sharing a KV prefix: the prefix once for all rows, merged with each row's own slots",
+        arg("q"), arg("k_pool"), arg("v_pool"), arg("shared_slots"), arg("slots"), arg("indptr"), arg("scale"));
   m.def("decode_attention", &radixserve::decode_attention,
         "paged decode attention over one layer of the KV pool: (out, lse)");
   m.def("decode_layer", &radixserve::decode_layer,
         "one decoder layer of a decode step on GGUF-block linears: (h, residual)", arg("h"), arg("residual"),
         arg("norms"), arg("eps"), arg("blocks"), arg("formats"), arg("out_features"), arg("biases"), arg("isa"),
         arg("table"), arg("num_heads"), arg("k_pool"), arg("v_pool"), arg("out_loc"), arg("slots"), arg("indptr"),
-        arg("scale"));
+        arg("scale"), arg("shared_slots") = pybind11::none());
   m.def("dense_gemv", &radixserve::dense_gemv, "x [M <= 16, K] @ W^T (+ bias) on a plain row-major fp32 or bf16 weight",
         arg("x"), arg("w"), arg("bias") = pybind11::none());
   m.def("prefill_attention", &radixserve::prefill_attention,

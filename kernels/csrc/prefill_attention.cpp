@@ -28,6 +28,7 @@
 #include "vec8.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
 
 #include <algorithm>
 #include <atomic>
@@ -150,12 +151,41 @@ struct Tile {
   int64_t row_stride, q_stride;  // between slots of the pool; between query rows (H * D)
   int64_t prefix, j0, m;
   float scale;
+  // Without a causal mask (shared_prefix_attention): every row sees keys key_begin .. key_end-1,
+  // and run() leaves the result in the scratch for store_partial(). Causal: keys from 0.
+  bool causal = true;
+  int64_t key_begin = 0, key_end = 0;
 
   void run(Scratch<D>& s) const {
-    const int64_t rows = m * G, first = prefix + j0, end = prefix + j0 + m;  // keys 0 .. end-1
+    compute(s);
+    const int64_t rows = m * G;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float inv = 1.0f / s.row_sum[r];
+      T* o = out + (j0 + r / G) * q_stride + (r % G) * D;
+      for (int64_t d = 0; d < D; ++d) o[d] = static_cast<T>(s.ot[d * kRows + r] * inv);
+    }
+  }
+
+  // The normalized output in fp32 and the log-sum-exp of each row, laid out like q: o_part [.., H, D],
+  // lse_part [.., H] (this KV head's first head at o_part and lse_part).
+  void store_partial(const Scratch<D>& s, float* o_part, float* lse_part) const {
+    const int64_t heads = q_stride / D;
+    for (int64_t r = 0; r < m * G; ++r) {
+      const float inv = 1.0f / s.row_sum[r];
+      float* o = o_part + (j0 + r / G) * q_stride + (r % G) * D;
+      for (int64_t d = 0; d < D; ++d) o[d] = s.ot[d * kRows + r] * inv;
+      lse_part[(j0 + r / G) * heads + r % G] = s.row_max[r] + std::log(s.row_sum[r]);
+    }
+  }
+
+  void compute(Scratch<D>& s) const {
+    const int64_t rows = m * G;
+    // Keys begin .. end-1; the causal mask applies from key `first` on (never without it).
+    const int64_t begin = causal ? 0 : key_begin, end = causal ? prefix + j0 + m : key_end;
+    const int64_t first = causal ? prefix + j0 : end;
     for (int64_t r = 0; r < kRows; ++r) {
       const int64_t pos = std::min(r / G, m - 1);  // padding lanes copy the last row's limit
-      s.last_key[r] = prefix + j0 + pos;
+      s.last_key[r] = causal ? prefix + j0 + pos : end - 1;
       s.row_max[r] = kLowest;
       s.row_sum[r] = 0.0f;
       const T* qr = q + (j0 + pos) * q_stride + (r % G) * D;
@@ -163,18 +193,13 @@ struct Tile {
       else for (int64_t d = 0; d < D; ++d) s.qt[d * kRows + r] = r < rows ? static_cast<float>(qr[d]) * scale : 0.0f;
     }
     std::fill(s.ot, s.ot + D * kRows, 0.0f);
-    for (int64_t l0 = 0; l0 < end; l0 += kKeys) {
+    for (int64_t l0 = begin; l0 < end; l0 += kKeys) {
       const int64_t n = std::min(kKeys, end - l0);
       load_block(s, l0, n, end);
       score_block(s, n);
       if (l0 + n - 1 > first) mask(s, l0, n);
       softmax_step(s, n);
       value_block(s, n);
-    }
-    for (int64_t r = 0; r < rows; ++r) {
-      const float inv = 1.0f / s.row_sum[r];
-      T* o = out + (j0 + r / G) * q_stride + (r % G) * D;
-      for (int64_t d = 0; d < D; ++d) o[d] = static_cast<T>(s.ot[d * kRows + r] * inv);
     }
   }
 
@@ -260,8 +285,8 @@ struct Tile {
   }
 
   // The online softmax over one block: new running max, P^T = exp(S^T - max) in place, the
-  // running sum and O^T rescaled by exp(old max - new max). Block 0 holds key 0, which every
-  // row sees, so each max is finite from then on.
+  // running sum and O^T rescaled by exp(old max - new max). The first block holds the first key,
+  // which every row sees, so each max is finite from then on.
   static void softmax_step(Scratch<D>& s, int64_t n) {
     float top[kRows];
     std::copy(s.row_max, s.row_max + kRows, top);
@@ -322,6 +347,38 @@ void prefill_attention_impl(const T* q, const T* k_pool, const T* v_pool, const 
   });
 }
 
+// Decode rows whose first `keys` KV slots are the same (a cached prefix they share; the cascade of
+// kernels/decode_attention.py): the rows of a KV head meet those keys as tiles of query rows with
+// no mask, so each key row loaded serves every row that shares it. 16 decode rows of 3 heads are
+// one tile per KV head, too few for the threads: the keys are split into `chunks` parts as well,
+// each part's result kept apart in part_out [chunks, B, H, D] and part_lse [chunks, B, H] for the
+// caller to merge.
+template <typename T, int64_t D, int64_t G>
+void shared_prefix_impl(const T* q, const T* k_pool, const T* v_pool, const int64_t* slots, int64_t keys,
+                        int64_t batch, int64_t kv_heads, float scale, int64_t chunks, float* part_out,
+                        float* part_lse) {
+  constexpr int64_t M = kRows / G;  // decode rows per tile
+  const int64_t heads = kv_heads * G, per_chunk = (keys + chunks - 1) / chunks;
+  std::vector<Item> items;  // Item.b: the chunk
+  for (int64_t c = 0; c < chunks; ++c)
+    for (int64_t j0 = 0; j0 < batch; j0 += M)
+      for (int64_t kh = 0; kh < kv_heads; ++kh) items.push_back({c, kh, j0, 0});
+  std::atomic<size_t> next{0};
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+    std::vector<Scratch<D>> scratch(1);
+    for (size_t i = next++; i < items.size(); i = next++) {
+      const Item& it = items[i];
+      const int64_t begin = it.b * per_chunk;
+      const Tile<T, D, G> tile{q + it.kh * G * D, k_pool + it.kh * D, v_pool + it.kh * D, slots, nullptr,
+                               kv_heads * D, heads * D, 0, it.j0, std::min(M, batch - it.j0), scale, false, begin,
+                               std::min(keys, begin + per_chunk)};
+      tile.compute(scratch[0]);
+      tile.store_partial(scratch[0], part_out + it.b * batch * heads * D + it.kh * G * D,
+                         part_lse + it.b * batch * heads + it.kh * G);
+    }
+  });
+}
+
 template <typename T, int64_t D>
 void dispatch_group(int64_t group, const T* q, const T* k, const T* v, const int64_t* slots, const int64_t* q_indptr,
                     const int64_t* kv_indptr, T* out, int64_t batch, int64_t kv_heads, float scale) {
@@ -374,6 +431,57 @@ void prefill_attention(at::Tensor q, at::Tensor k_pool, at::Tensor v_pool, at::T
     TORCH_CHECK(q.scalar_type() == at::kBFloat16, "fp32 or bf16 only");
     run(c10::BFloat16{});
   }
+}
+
+// Returns (part_out [chunks, B, H, D] fp32, part_lse [chunks, B, H] fp32): q [B, H, D] against the
+// KV slots `slots` [keys] that every row shares, each chunk of the keys apart.
+std::vector<at::Tensor> shared_prefix_attention(at::Tensor q, at::Tensor k_pool, at::Tensor v_pool, at::Tensor slots,
+                                                double scale) {
+  TORCH_CHECK(q.dim() == 3 && k_pool.dim() == 3 && v_pool.dim() == 3, "q [B,H,D], pools [S,KVH,D]");
+  TORCH_CHECK(q.is_contiguous() && k_pool.is_contiguous() && v_pool.is_contiguous(), "contiguous inputs");
+  TORCH_CHECK(k_pool.scalar_type() == q.scalar_type() && v_pool.scalar_type() == q.scalar_type(),
+              "q and the pool must share a dtype");
+  TORCH_CHECK(slots.scalar_type() == at::kLong && slots.numel() > 0, "int64 shared slots, at least one");
+  const int64_t batch = q.size(0), heads = q.size(1), head_dim = q.size(2), kv_heads = k_pool.size(1);
+  const int64_t keys = slots.numel(), group = heads / kv_heads;
+  TORCH_CHECK(heads % kv_heads == 0 && k_pool.size(2) == head_dim, "shapes");
+  TORCH_CHECK((head_dim == 64 || head_dim == 128) && group >= 1 && group <= 8, "shared_prefix_attention: head_dim "
+              "64 or 128 and 1 to 8 query heads per KV head, got ", head_dim, " and ", group);
+  // About 6 items per thread (so that they even out), each at least 128 keys.
+  const int64_t tiles = kv_heads * ((batch * group + kRows - 1) / kRows);
+  const int64_t wanted = (6 * at::get_num_threads() + tiles - 1) / tiles;
+  const int64_t parts = std::clamp<int64_t>(wanted, 1, (keys + 127) / 128);
+  const int64_t per_chunk = (keys + parts - 1) / parts;
+  const int64_t chunks = (keys + per_chunk - 1) / per_chunk;  // none empty
+  at::Tensor part_out = at::empty({chunks, batch, heads, head_dim}, q.options().dtype(at::kFloat));
+  at::Tensor part_lse = at::empty({chunks, batch, heads}, q.options().dtype(at::kFloat));
+  const at::Tensor slots_c = slots.contiguous();
+  const float s = static_cast<float>(scale);
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    auto call = [&](auto d_tag, auto g_tag) {
+      shared_prefix_impl<T, decltype(d_tag)::value, decltype(g_tag)::value>(
+          q.data_ptr<T>(), k_pool.data_ptr<T>(), v_pool.data_ptr<T>(), slots_c.data_ptr<int64_t>(), keys, batch,
+          kv_heads, s, chunks, part_out.data_ptr<float>(), part_lse.data_ptr<float>());
+    };
+    auto by_group = [&](auto d_tag) {
+      switch (group) {
+#define RS_GROUP(G) \
+  case G: return call(d_tag, std::integral_constant<int64_t, G>{});
+        RS_GROUP(1) RS_GROUP(2) RS_GROUP(3) RS_GROUP(4) RS_GROUP(5) RS_GROUP(6) RS_GROUP(7) RS_GROUP(8)
+#undef RS_GROUP
+      }
+    };
+    if (head_dim == 64) by_group(std::integral_constant<int64_t, 64>{});
+    else by_group(std::integral_constant<int64_t, 128>{});
+  };
+  if (q.scalar_type() == at::kFloat) {
+    run(float{});
+  } else {
+    TORCH_CHECK(q.scalar_type() == at::kBFloat16, "fp32 or bf16 only");
+    run(c10::BFloat16{});
+  }
+  return {part_out, part_lse};
 }
 
 }  // namespace radixserve

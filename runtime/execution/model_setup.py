@@ -13,7 +13,6 @@ from kernels.base import AttentionBackend
 from kernels.fused_ops import CpuFusedOps
 from kernels.kv_pool import KVPool, ReqToTokenPool
 from kernels.sampling import TruncatedSampler
-from kernels.torch_backend import TorchAttentionBackend
 from runtime.contracts.config import ServerConfig, read_model_json
 from runtime.contracts.model_config import ModelConfig
 from runtime.execution.backends import make_backend
@@ -84,8 +83,6 @@ def load_model_for_serving(config: ServerConfig, tp: TensorParallel | None = Non
     width = -(-config.context_length // ps) * ps
     req_to_token = ReqToTokenPool(max_running, width, device)
     backend = make_backend(config.attention_backend, kv_pool, local, dtype)
-    if model.model.decode_stack is not None and isinstance(backend, TorchAttentionBackend):
-        backend.decoder.cascade = False  # the stack's one-call layers beat the cascade (decode_attention.py)
     sampler = use_flashinfer_kernels(model) if config.attention_backend == "flashinfer" else None
     resolved = config.replace(max_total_tokens=num_slots - ps, max_running_requests=max_running)
     return LoadedModel(resolved, model_config, model, device, dtype, ps, kv_pool, req_to_token, backend, tp, sampler)

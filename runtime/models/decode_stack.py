@@ -7,8 +7,8 @@ kernels in the same order from C++, so the hidden states are the Python path's b
 It applies when every linear of every layer runs on GGUF blocks through our kernel (the default
 CPU model, `--load-format gguf`, `--quantization q8_0|q4_0|q4_1`), on one rank, without Qwen3's
 q/k norms; and per step when the backend says the batch is a decode batch that its C++ decode
-kernel attends without a shared-prefix split (`AttentionBackend.decode_kernel_inputs`) and the
-KV pool holds the activations' dtype. Anything else runs the layers in Python.
+kernels attend (`AttentionBackend.decode_kernel_inputs`; a prefix every row shares is attended
+once, cascade_attention.cpp) and the KV pool holds the activations' dtype. Anything else runs the layers in Python.
 """
 
 from __future__ import annotations
@@ -82,5 +82,5 @@ class DecodeStack:
             h, residual = self.ext.decode_layer(
                 h, residual, layer.norms, layer.eps, layer.blocks, layer.formats, layer.out_features, layer.biases,
                 layer.isa, table, self.num_heads, inputs.k_pools[i], inputs.v_pools[i], inputs.out_loc,
-                inputs.slots, inputs.indptr, self.scale)
+                inputs.slots, inputs.indptr, self.scale, inputs.shared_slots)
         return h, residual

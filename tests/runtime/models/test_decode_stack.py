@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernels import decode_attention
 from kernels.torch_backend import TorchAttentionBackend
-from runtime.execution.static_batch import StaticBatch
+from runtime.execution.static_batch import Seq, StaticBatch
 from runtime.models.decode_stack import DecodeStack
 from runtime.support.default_model import gguf_path
 
@@ -58,11 +59,56 @@ def test_stack_runs_the_python_layers_bit_for_bit(engine: StaticBatch) -> None:
         assert torch.equal(a, b), f"decode step {step}: logits differ by {(a - b).abs().max()}"
 
 
+def _shared_rows(engine: StaticBatch, prefix: list[int], owns: list[list[int]]) -> tuple[Seq, list[Seq]]:
+    """Rows that hold the KV slots of an owner's prefix, as the radix cache hands them over,
+    each after its own prompt's prefill."""
+    owner = engine.new_seq(prefix)
+    engine.step([owner])
+    rows = []
+    for own in owns:
+        row = engine.new_seq(prefix + own)
+        row.kv, row.computed = list(owner.kv[: len(prefix)]), len(prefix)
+        engine.runner.req_to_token.table[row.row, : len(prefix)] = torch.tensor(row.kv, dtype=torch.int32)
+        rows.append(row)
+    engine.append(rows, engine.step(rows))
+    return owner, rows
+
+
+def _shared_prefix_logits(engine: StaticBatch, stack: DecodeStack | None, steps: int) -> list[torch.Tensor]:
+    engine.runner.model.model.decode_stack = stack
+    prefix = list(range(300, 340))
+    owner, rows = _shared_rows(engine, prefix, [[7, 8, 9], list(range(500, 511))])
+    logits = []
+    for _ in range(steps):
+        result = engine.step(rows, keep_logits=True)
+        assert result.last_logits is not None
+        logits.append(result.last_logits.clone())
+        engine.append(rows, result)
+        decoder = engine.runner.backend.decoder  # type: ignore[attr-defined]
+        assert decoder.shared_index is not None and len(decoder.shared_index) == len(prefix)
+    for row in rows:
+        engine.allocator.free(row.kv[len(prefix) :])
+        engine.runner.req_to_token.free(row.row)
+    engine.release([owner])
+    return logits
+
+
+def test_stack_attends_a_shared_prefix_once_bit_for_bit(engine: StaticBatch, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows sharing a KV prefix: the stack's cascade_attention is the Python path's, logits bit for
+    bit (the thresholds lowered so that two rows over 40 tokens take the cascade)."""
+    monkeypatch.setitem(decode_attention.CASCADE_MIN, "kernel", (2, 8))
+    stack = engine.runner.model.model.decode_stack
+    ours = _shared_prefix_logits(engine, stack, steps=4)
+    python = _shared_prefix_logits(engine, None, steps=4)
+    engine.runner.model.model.decode_stack = stack
+    for step, (a, b) in enumerate(zip(ours, python)):
+        assert torch.equal(a, b), f"decode step {step}: logits differ by {(a - b).abs().max()}"
+
+
 def test_backend_offers_decode_batches_only(engine: StaticBatch) -> None:
-    """Prefill batches run the Python layers; decode batches, a shared prefix included (the stack
-    turns the cascade off, measured faster), the stack."""
+    """Prefill batches run the Python layers; decode batches, the stack."""
     runner = engine.runner
-    assert isinstance(runner.backend, TorchAttentionBackend) and not runner.backend.decoder.cascade
+    assert isinstance(runner.backend, TorchAttentionBackend)
     seqs = [engine.new_seq(p) for p in PROMPTS[:2]]
     runner.backend.plan(runner.prepare([engine.entry(s, len(s.tokens)) for s in seqs]).meta)
     assert runner.backend.decode_kernel_inputs() is None, "a prefill batch runs the Python layers"
