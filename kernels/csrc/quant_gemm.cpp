@@ -16,12 +16,15 @@
 // our quantizers both clamp to +-127), so an AVX2 pair of products is at most 2 * 127 * 127 <
 // 2^15; VNNI adds its u8 x s8 products straight into int32.
 //
-// One build serves both CPUs: quant_gemm_groups.h is compiled twice, for AVX2 and for AVX-512
-// VNNI, under target pragmas, and the caller (kernels/quant_linear.py, from
-// runtime/execution/device.py's reading of the CPU) picks one per call. Threads split the row
-// groups (torch's thread pool).
+// One build serves both CPUs: the inner loops (quant_gemm_groups.h) are compiled twice, for AVX2
+// and for AVX-512 VNNI, each in its own translation unit (quant_gemm_avx2.cpp,
+// quant_gemm_avx512.cpp) with only its own flags, and the caller (kernels/quant_linear.py, from
+// runtime/execution/device.py's reading of the CPU) picks one per call. This file holds what both
+// share: the activations' quantization, the checks and the threads, which split the row groups
+// (torch's thread pool).
 
 #include "kernels.h"
+#include "quant_gemm_variants.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
@@ -35,21 +38,7 @@
 
 namespace {
 
-constexpr int QK = 32;  // values per block, in every format here
-enum Format : int { Q8_0 = 0, Q4_0 = 1, Q4_1 = 2 };
-enum Isa : int { AVX2 = 0, AVX512 = 1 };
-
-constexpr int GROUP_ROWS = 8;  // rows interleaved per group (kernels/gguf_blocks.py GROUP_ROWS)
-
-// Per format: a block's bytes (q8_0: fp16 d, int8 q[32]; q4_0: fp16 d, 32 nibbles, low nibbles
-// values 0-15, high 16-31; q4_1: fp16 d, fp16 m, 32 nibbles), the values' bytes per row-block,
-// and a group-block's header (the 8 rows' fp16 scales, and for q4_1 their 8 fp16 minimums).
-template <int F>
-struct Layout {
-  static constexpr int value_bytes = F == Q8_0 ? QK : QK / 2;
-  static constexpr int block_bytes = (F == Q4_1 ? 4 : 2) + value_bytes;
-  static constexpr int group_header = (F == Q4_1 ? 4 : 2) * GROUP_ROWS;
-};
+using namespace radixserve::quant;
 
 int block_bytes(int fmt) {
   switch (fmt) {
@@ -60,47 +49,68 @@ int block_bytes(int fmt) {
   }
 }
 
-// One activation block: its scale, d * sum(q), and its 32 int8 values.
-struct ActBlock {
-  float d;
-  float s;
-  int8_t q[QK];
-};
+// One row of activations to 8-bit blocks: per block of 32, d = max|x| / 127, q =
+// round-half-even(x * (1 / d)), s = d * sum(q). Vectorized, and equal bit for bit to the torch
+// reference (kernels/gguf_blocks.py quantize_activations): the two divisions are scalar IEEE
+// ones (the build's -ffast-math would turn `amax / 127` into a multiply by 1/127, not the same
+// float, hence the attribute), the product is one IEEE multiply per value and the rounding
+// _mm256_round_ps's nearest-even. A NaN is skipped by the maximum as std::max(amax, x) skips it.
+// bf16 rows are widened in registers (exact: a bf16 is the top half of its fp32), so they give the
+// blocks of their fp32 copy without a pass that makes one.
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const c10::BFloat16* p) {
+  const __m128i half = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
+}
 
 template <typename T>
-inline void store_out(T* dst, float v) { *dst = static_cast<T>(v); }
-
-
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
-namespace avx2 {
-#define RS_VNNI 0
-#include "quant_gemm_groups.h"
-#undef RS_VNNI
-}  // namespace avx2
-#pragma GCC pop_options
-
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")
-namespace avx512 {
-#define RS_VNNI 1
-#include "quant_gemm_groups.h"
-#undef RS_VNNI
-}  // namespace avx512
-#pragma GCC pop_options
-
-template <typename T>
-void gemm_format(int fmt, int isa, const uint8_t* w, int64_t n, const ActBlock* act, int64_t nblocks, int64_t m,
-                 const float* bias, T* y) {
-  switch (fmt * 2 + isa) {
-    case Q8_0 * 2 + AVX2: avx2::gemm<Q8_0>(w, n, act, nblocks, m, bias, y); break;
-    case Q4_0 * 2 + AVX2: avx2::gemm<Q4_0>(w, n, act, nblocks, m, bias, y); break;
-    case Q4_1 * 2 + AVX2: avx2::gemm<Q4_1>(w, n, act, nblocks, m, bias, y); break;
-    case Q8_0 * 2 + AVX512: avx512::gemm<Q8_0>(w, n, act, nblocks, m, bias, y); break;
-    case Q4_0 * 2 + AVX512: avx512::gemm<Q4_0>(w, n, act, nblocks, m, bias, y); break;
-    case Q4_1 * 2 + AVX512: avx512::gemm<Q4_1>(w, n, act, nblocks, m, bias, y); break;
-    default: TORCH_CHECK(false, "unknown block format ", fmt, " or isa ", isa);
+__attribute__((optimize("no-fast-math"))) inline void quantize_row(const T* x, int64_t k, ActBlock* out) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  // q0[0..3] q1[0..3] q2[0..3] q3[0..3] | q0[4..7] ... after the two packs, per 4-byte lane.
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int64_t b = 0; b < k / QK; ++b) {
+    const T* xb = x + b * QK;
+    __m256 v[4];
+    __m256 amax = _mm256_setzero_ps();
+    for (int i = 0; i < 4; ++i) {
+      v[i] = load8(xb + 8 * i);
+      amax = _mm256_max_ps(_mm256_andnot_ps(sign, v[i]), amax);
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float d = _mm_cvtss_f32(m4) / 127.0f;
+    const __m256 id = _mm256_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
+    __m256i q[4];
+    __m256i sum = _mm256_setzero_si256();
+    for (int i = 0; i < 4; ++i) {
+      const __m256 r = _mm256_round_ps(_mm256_mul_ps(v[i], id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      q[i] = _mm256_cvtps_epi32(r);
+      sum = _mm256_add_epi32(sum, q[i]);
+    }
+    const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[b].q), _mm256_permutevar8x32_epi32(packed, order));
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+    out[b].d = d;
+    out[b].s = d * static_cast<float>(_mm_cvtsi128_si32(s4));
   }
+}
+
+// Threads split the groups; each walks them in slices of about 12 KB of weights (4 groups of a
+// 576-wide row), which stay in L1 while the activation rows pass them four at a time. A slice
+// holds at least 2 groups (15 KB of a 1536-wide one), the pair the AVX-512 variant's 4-row tiles
+// take. (A fixed 4 groups was 31 KB for the 1536-wide down projection, L1's whole size; against
+// it, the bound measured no different within this machine's noise.)
+void gemm(const GemmCall& call, int isa) {
+  const auto slice_fn = isa == AVX512 ? avx512::gemm_groups : avx2::gemm_groups;
+  const int64_t groups = (call.n + GROUP_ROWS - 1) / GROUP_ROWS;
+  const int64_t group_bytes = call.nblocks * GROUP_ROWS * block_bytes(call.fmt);
+  const int64_t slice = std::clamp<int64_t>((12 << 10) / group_bytes, 2, 8);
+  at::parallel_for(0, groups, slice, [&](int64_t begin, int64_t end) {
+    for (int64_t gs = begin; gs < end; gs += slice) slice_fn(call, gs, std::min(end, gs + slice));
+  });
 }
 
 // x fp32 or bf16 [M, K]: bf16 is read as it is (a prefill's [2048, 1536] activation took 3.7 ms
@@ -110,14 +120,12 @@ std::vector<ActBlock> quantize_activations(const at::Tensor& x) {
   const at::Tensor xc = bf16 ? x.contiguous() : x.to(at::kFloat).contiguous();
   const int64_t m = xc.size(0), k = xc.size(1), nblocks = k / QK;
   std::vector<ActBlock> act(static_cast<size_t>(m * nblocks));
-  // AVX2's variant for both: the AVX-512 kernels read the same blocks (the values are the same
-  // either way, bit for bit).
   at::parallel_for(0, m, 8, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       if (bf16) {
-        avx2::quantize_row(xc.data_ptr<c10::BFloat16>() + r * k, k, act.data() + r * nblocks);
+        quantize_row(xc.data_ptr<c10::BFloat16>() + r * k, k, act.data() + r * nblocks);
       } else {
-        avx2::quantize_row(xc.data_ptr<float>() + r * k, k, act.data() + r * nblocks);
+        quantize_row(xc.data_ptr<float>() + r * k, k, act.data() + r * nblocks);
       }
     }
   });
@@ -158,14 +166,11 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, int64_t fmt, i
   at::Tensor y = at::empty({m, n}, x.options());
   if (m == 0) return y;
   const std::vector<ActBlock> act = quantize_activations(x);
-  const uint8_t* wp = w.data_ptr<uint8_t>();
-  if (x.scalar_type() == at::kFloat) {
-    gemm_format(static_cast<int>(fmt), static_cast<int>(isa), wp, n, act.data(), nblocks, m, bias_ptr,
-                y.data_ptr<float>());
-  } else {
-    gemm_format(static_cast<int>(fmt), static_cast<int>(isa), wp, n, act.data(), nblocks, m, bias_ptr,
-                y.data_ptr<c10::BFloat16>());
-  }
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  const GemmCall call{static_cast<int>(fmt), w.data_ptr<uint8_t>(), n, act.data(), nblocks, m, bias_ptr,
+                      bf16 ? static_cast<void*>(y.data_ptr<c10::BFloat16>()) : static_cast<void*>(y.data_ptr<float>()),
+                      bf16};
+  gemm(call, static_cast<int>(isa));
   return y;
 }
 

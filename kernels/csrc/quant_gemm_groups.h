@@ -1,9 +1,14 @@
-// The integer kernel's inner loops, compiled once per instruction set: quant_gemm.cpp includes
-// this file twice, inside `namespace avx2` under `#pragma GCC target("avx2,...")` and inside
-// `namespace avx512` under a target with AVX-512 VNNI, with RS_VNNI set to 0 or 1. What differs
-// is the integer dot product (AVX2 multiplies u8 x s8 pairs into int16 and adds pairs into int32,
-// _mm256_maddubs_epi16 and _mm256_madd_epi16; VNNI does both in one _mm256_dpbusd_epi32), and
-// with it how q8_0's signed values become unsigned and how many accumulators a row keeps.
+// The integer kernel's inner loops, compiled once per instruction set: quant_gemm_avx2.cpp and
+// quant_gemm_avx512.cpp each define RS_VARIANT (the namespace) and RS_VNNI (0 or 1) and include
+// this file, each in its own translation unit with only its own ISA's flags (kernels/cpu_ext.py),
+// so the AVX2 variant cannot hold an AVX-512 instruction. What differs is the integer dot product
+// (AVX2 multiplies u8 x s8 pairs into int16 and adds pairs into int32, _mm256_maddubs_epi16 and
+// _mm256_madd_epi16; VNNI does both in one _mm256_dpbusd_epi32), and with it how q8_0's signed
+// values become unsigned and how many accumulators a row keeps.
+//
+// NOTE: everything but the entry point is in an anonymous namespace and nothing here calls a
+// function of another header (std::min, c10's bf16) that the compiler might emit out of line: such
+// a copy, compiled with this variant's ISA, could be the one the linker keeps for the module.
 //
 // The weight layout (kernels/gguf_blocks.py interleave_rows): rows in groups of 8, and per group
 // and block the 8 rows' fp16 scales (and q4_1's 8 minimums) first, then the values in chunks of
@@ -14,53 +19,23 @@
 // A q4 byte holds two values (low nibble j, high nibble j + 16), so a q4 chunk is two chunks of
 // values: 4c..4c+3 and 16+4c..16+4c+3.
 
-// One row of activations to 8-bit blocks: per block of 32, d = max|x| / 127, q =
-// round-half-even(x * (1 / d)), s = d * sum(q). Vectorized, and equal bit for bit to the torch
-// reference (kernels/gguf_blocks.py quantize_activations): the two divisions are scalar IEEE
-// ones (the build's -ffast-math would turn `amax / 127` into a multiply by 1/127, not the same
-// float, hence the attribute), the product is one IEEE multiply per value and the rounding
-// _mm256_round_ps's nearest-even. A NaN is skipped by the maximum as std::max(amax, x) skips it.
-// bf16 rows are widened in registers (exact: a bf16 is the top half of its fp32), so they give the
-// blocks of their fp32 copy without a pass that makes one.
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const c10::BFloat16* p) {
-  const __m128i half = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
-}
+#include "quant_gemm_variants.h"
 
-template <typename T>
-__attribute__((optimize("no-fast-math"))) inline void quantize_row(const T* x, int64_t k, ActBlock* out) {
-  const __m256 sign = _mm256_set1_ps(-0.0f);
-  // q0[0..3] q1[0..3] q2[0..3] q3[0..3] | q0[4..7] ... after the two packs, per 4-byte lane.
-  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-  for (int64_t b = 0; b < k / QK; ++b) {
-    const T* xb = x + b * QK;
-    __m256 v[4];
-    __m256 amax = _mm256_setzero_ps();
-    for (int i = 0; i < 4; ++i) {
-      v[i] = load8(xb + 8 * i);
-      amax = _mm256_max_ps(_mm256_andnot_ps(sign, v[i]), amax);
-    }
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-    const float d = _mm_cvtss_f32(m4) / 127.0f;
-    const __m256 id = _mm256_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
-    __m256i q[4];
-    __m256i sum = _mm256_setzero_si256();
-    for (int i = 0; i < 4; ++i) {
-      const __m256 r = _mm256_round_ps(_mm256_mul_ps(v[i], id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      q[i] = _mm256_cvtps_epi32(r);
-      sum = _mm256_add_epi32(sum, q[i]);
-    }
-    const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[b].q), _mm256_permutevar8x32_epi32(packed, order));
-    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
-    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
-    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
-    out[b].d = d;
-    out[b].s = d * static_cast<float>(_mm_cvtsi128_si32(s4));
-  }
+#include <immintrin.h>
+
+#include <cstring>
+
+namespace radixserve::quant::RS_VARIANT {
+namespace {
+
+inline int64_t lesser(int64_t a, int64_t b) { return a < b ? a : b; }
+
+inline void store_out(float* dst, float v) { *dst = v; }
+// bf16 by round-to-nearest-even (NaN to the quiet NaN 0x7FC0), as c10::BFloat16 rounds.
+inline void store_out(uint16_t* dst, float v) {
+  uint32_t u;
+  std::memcpy(&u, &v, sizeof u);
+  *dst = (u & 0x7FFFFFFFu) > 0x7F800000u ? uint16_t{0x7FC0} : static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 
 // Integer partial sums of one group-block against one activation block, lane r for row r.
@@ -257,7 +232,7 @@ void groups_into(const uint8_t* w, int64_t nblocks, const ActBlock* act, int64_t
     for (; g + 2 <= g_end; g += 2) {
       group_pair_rows<F, MR>(w + g * nblocks * GB, w + (g + 1) * nblocks * GB, nblocks, act + m0 * nblocks, pair);
       const int64_t n0 = g * GROUP_ROWS;
-      const int rows = static_cast<int>(std::min<int64_t>(2 * GROUP_ROWS, n_total - n0));
+      const int rows = static_cast<int>(lesser(2 * GROUP_ROWS, n_total - n0));
       for (int m = 0; m < MR; ++m)
         for (int r = 0; r < rows; ++r)
           store_out(y + (m0 + m) * n_total + n0 + r, pair[m][r] + (bias != nullptr ? bias[n0 + r] : 0.0f));
@@ -268,34 +243,45 @@ void groups_into(const uint8_t* w, int64_t nblocks, const ActBlock* act, int64_t
   for (; g < g_end; ++g) {
     group_rows<F, MR>(w + g * nblocks * GB, nblocks, act + m0 * nblocks, out);
     const int64_t n0 = g * GROUP_ROWS;
-    const int rows = static_cast<int>(std::min<int64_t>(GROUP_ROWS, n_total - n0));
+    const int rows = static_cast<int>(lesser(GROUP_ROWS, n_total - n0));
     for (int m = 0; m < MR; ++m)
       for (int r = 0; r < rows; ++r)
         store_out(y + (m0 + m) * n_total + n0 + r, out[m][r] + (bias != nullptr ? bias[n0 + r] : 0.0f));
   }
 }
 
-// Threads split the groups; each walks them in slices of about 12 KB of weights (4 groups of a
-// 576-wide row), which stay in L1 while the activation rows pass them four at a time. A slice
-// holds at least 2 groups (15 KB of a 1536-wide one), the pair group_pair_rows takes. (A fixed 4
-// groups was 31 KB for the 1536-wide down projection, L1's whole size; against it, the bound
-// measured no different within this machine's noise.)
+// Groups [g_begin, g_end) against every activation row: tiles of 4 rows, then 2, then 1.
 template <int F, typename T>
-void gemm(const uint8_t* w, int64_t n_total, const ActBlock* act, int64_t nblocks, int64_t m_total, const float* bias,
-          T* y) {
-  const int64_t groups = (n_total + GROUP_ROWS - 1) / GROUP_ROWS;
-  const int64_t group_bytes = nblocks * GROUP_ROWS * Layout<F>::block_bytes;
-  const int64_t slice = std::clamp<int64_t>((12 << 10) / group_bytes, 2, 8);
-  at::parallel_for(0, groups, slice, [&](int64_t begin, int64_t end) {
-    for (int64_t gs = begin; gs < end; gs += slice) {
-      const int64_t ge = std::min(end, gs + slice);
-      int64_t m = 0;
-      for (; m + 4 <= m_total; m += 4) groups_into<F, 4>(w, nblocks, act, m, gs, ge, n_total, bias, y);
-      if (m + 2 <= m_total) {
-        groups_into<F, 2>(w, nblocks, act, m, gs, ge, n_total, bias, y);
-        m += 2;
-      }
-      if (m < m_total) groups_into<F, 1>(w, nblocks, act, m, gs, ge, n_total, bias, y);
-    }
-  });
+void slice_rows(const GemmCall& c, int64_t g_begin, int64_t g_end) {
+  const auto* w = c.w;
+  T* y = static_cast<T*>(c.y);
+  int64_t m = 0;
+  for (; m + 4 <= c.m; m += 4) groups_into<F, 4>(w, c.nblocks, c.act, m, g_begin, g_end, c.n, c.bias, y);
+  if (m + 2 <= c.m) {
+    groups_into<F, 2>(w, c.nblocks, c.act, m, g_begin, g_end, c.n, c.bias, y);
+    m += 2;
+  }
+  if (m < c.m) groups_into<F, 1>(w, c.nblocks, c.act, m, g_begin, g_end, c.n, c.bias, y);
 }
+
+template <int F>
+void slice_format(const GemmCall& c, int64_t g_begin, int64_t g_end) {
+  if (c.bf16_out) {
+    slice_rows<F, uint16_t>(c, g_begin, g_end);
+  } else {
+    slice_rows<F, float>(c, g_begin, g_end);
+  }
+}
+
+}  // namespace
+
+void gemm_groups(const GemmCall& call, int64_t g_begin, int64_t g_end) {
+  switch (call.fmt) {
+    case Q8_0: slice_format<Q8_0>(call, g_begin, g_end); break;
+    case Q4_0: slice_format<Q4_0>(call, g_begin, g_end); break;
+    case Q4_1: slice_format<Q4_1>(call, g_begin, g_end); break;
+    default: break;  // quant_gemm.cpp checked the format
+  }
+}
+
+}  // namespace radixserve::quant::RS_VARIANT

@@ -4,10 +4,12 @@
     ext = load_cpu_kernels()                # the module, or None: then the torch path runs
 
 Builds live in `<RADIXSERVE_CACHE_DIR>/ext/<key>/` (see kernels/cpu_ext.py for the key).
-Serving never compiles: without a build it logs one warning and uses the torch path.
-`RADIXSERVE_CPU_KERNELS=0` turns the kernels off. `RADIXSERVE_CPU_KERNELS_MARCH=x86-64-v3` builds
-and loads the AVX2 build instead of the native one (in `ext/x86-64-v3/<key>/`, so neither build
-clears the other): the AVX2 emulation run uses it, so the kernels' AVX2 code really runs there.
+Serving never compiles: without a build it logs one warning and uses the torch path; a build this
+CPU cannot run (kernels/cpu_ext.py IncompatibleBuild) is refused with an error naming what it
+lacks. `RADIXSERVE_CPU_KERNELS=0` turns the kernels off. `RADIXSERVE_CPU_KERNELS_MARCH=x86-64-v3`
+builds and loads the AVX2 build instead of the native one (in `ext/x86-64-v3/<key>/`, so neither
+build clears the other): the suite runs the kernel tests with it under qemu's EPYC-Rome CPU
+(scripts/test_avx2.sh), so the kernels' AVX2 code really runs there.
 """
 
 from __future__ import annotations
@@ -20,22 +22,18 @@ from types import ModuleType
 
 from kernels import cpu_ext
 from runtime.contracts import env
-from runtime.execution.device import read_cpu_flags
 
 logger = logging.getLogger("radixserve.kernels")
 
 
 def kernels_dir() -> Path:
-    """The build folder for this machine: keyed by the CPU's own flags (the build is -march=native),
-    not by what torch was told to use, so an emulated AVX2 run still finds the native build."""
-    try:
-        with open("/proc/cpuinfo") as fh:
-            flags = " ".join(sorted(read_cpu_flags(fh.read())))
-    except OSError:
-        flags = "unknown"
+    """The build folder for this machine. A native build is keyed by the CPU's features (cpuid), so
+    another CPU, an emulated one included, never finds it; the x86-64-v3 build does not depend on
+    the CPU it was built on, so every CPU finds the same one."""
     march = kernels_march()
+    features = " ".join(sorted(cpu_ext.cpu_features())) if march == "native" else ""
     root = env.cache_dir() / "ext"
-    return (root if march == "native" else root / march) / cpu_ext.build_key(flags, march)
+    return (root if march == "native" else root / march) / cpu_ext.build_key(features, march)
 
 
 def kernels_march() -> str:

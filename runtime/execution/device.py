@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -30,17 +31,21 @@ DTYPES: dict[str, torch.dtype] = {
     "float16": torch.float16,
 }
 
-# The CPU flags (as /proc/cpuinfo spells them) that decide the dtype and the kernels.
+# The CPU features (as torch.cpu.get_capabilities() names them, read by cpuid) that decide the
+# dtype and the kernels.
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 FP16_FLAGS = ("avx512_fp16", "amx_fp16")
-REPORTED_FLAGS = ("avx2", "avx512f", "avx512bw", "avx512_vnni", *BF16_FLAGS, *FP16_FLAGS)
+AVX512_VNNI_FLAGS = frozenset({"avx512_f", "avx512_bw", "avx512_vl", "avx512_dq", "avx512_cd", "avx512_vnni"})
+REPORTED_FLAGS = ("avx2", "fma3", "f16c", *sorted(AVX512_VNNI_FLAGS), *BF16_FLAGS, *FP16_FLAGS, "amx_tile",
+                  "amx_int8")
 
 # RADIXSERVE_CPU_CAPABILITY values: what each claims the CPU has.
+_AVX2 = frozenset({"avx2", "fma3", "f16c"})
 OVERRIDES: dict[str, tuple[str, frozenset[str]]] = {
-    "avx2": ("avx2", frozenset({"avx2"})),
-    "avx512": ("avx512", frozenset({"avx2", "avx512f", "avx512bw", "avx512_vnni"})),
-    "avx512_bf16": ("avx512", frozenset({"avx2", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16"})),
-    "amx": ("avx512", frozenset({"avx2", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_bf16"})),
+    "avx2": ("avx2", _AVX2),
+    "avx512": ("avx512", _AVX2 | AVX512_VNNI_FLAGS),
+    "avx512_bf16": ("avx512", _AVX2 | AVX512_VNNI_FLAGS | {"avx512_bf16"}),
+    "amx": ("avx512", _AVX2 | AVX512_VNNI_FLAGS | {"avx512_bf16", "amx_bf16", "amx_tile", "amx_int8"}),
 }
 
 # oneDNN ISA caps (ONEDNN_MAX_CPU_ISA) below which bf16 (fp16) is not native. Unset or ALL: no cap.
@@ -53,7 +58,7 @@ class CpuCapability:
     """What this CPU computes natively, as far as our choices are concerned."""
 
     isa: str  # the vector ISA torch dispatches to: "avx512", "avx2" or "default"
-    flags: frozenset[str]  # the REPORTED_FLAGS this CPU has
+    flags: frozenset[str]  # the REPORTED_FLAGS this CPU has (cpuid)
     source: str  # "detected" or "RADIXSERVE_CPU_CAPABILITY=<value>"
     onednn_cap: str | None = None  # ONEDNN_MAX_CPU_ISA when set
 
@@ -73,34 +78,32 @@ class CpuCapability:
     @property
     def block_kernel_isa(self) -> str:
         """The variant of our quantized-block kernels to run (kernels/csrc/quant_gemm.cpp): its
-        AVX-512 one needs AVX-512 VNNI (byte dot products; BW and VL come with it on every CPU
-        that has it) and torch dispatching to AVX-512 (so that an emulated AVX2 run,
-        ATEN_CPU_CAPABILITY=avx2, runs the AVX2 variant)."""
-        return "avx512" if self.isa == "avx512" and {"avx512bw", "avx512_vnni"} <= self.flags else "avx2"
+        AVX-512 one is compiled for x86-64-v4 with VNNI (kernels/cpu_ext.py SOURCES), so it needs
+        all of AVX512_VNNI_FLAGS, and torch dispatching to AVX-512 (ATEN_CPU_CAPABILITY=avx2
+        turns it off too)."""
+        return "avx512" if self.isa == "avx512" and self.flags >= AVX512_VNNI_FLAGS else "avx2"
 
     def describe(self) -> str:
-        """One line for logs: 'avx512 (avx2 avx512f avx512_bf16; detected)'."""
+        """One line for logs: 'avx512 (avx2 ... avx512_bf16; detected)'."""
         shown = " ".join(f for f in REPORTED_FLAGS if f in self.flags) or "no vector flags"
         cap = f", ONEDNN_MAX_CPU_ISA={self.onednn_cap}" if self.onednn_cap else ""
         return f"{self.isa} ({shown}; {self.source}{cap})"
 
 
-def read_cpu_flags(cpuinfo_text: str) -> frozenset[str]:
-    """The REPORTED_FLAGS named on the first `flags` line of /proc/cpuinfo."""
-    for line in cpuinfo_text.splitlines():
-        if line.startswith("flags"):
-            present = set(line.split(":", 1)[1].split())
-            return frozenset(f for f in REPORTED_FLAGS if f in present)
-    return frozenset()
+def reported_flags(capabilities: Mapping[str, object]) -> frozenset[str]:
+    """The REPORTED_FLAGS set in a torch.cpu.get_capabilities() mapping."""
+    return frozenset(f for f in REPORTED_FLAGS if capabilities.get(f) is True)
 
 
-def detect_cpu_capability(torch_isa: str, cpuinfo_text: str, override: str, onednn_cap: str | None) -> CpuCapability:
+def detect_cpu_capability(torch_isa: str, flags: frozenset[str], override: str, onednn_cap: str | None
+                          ) -> CpuCapability:
     """The capability from its raw readings (pure, so every branch is testable anywhere).
 
     Args:
         torch_isa: `torch.backends.cpu.get_cpu_capability()` ("AVX512", "AVX2", "DEFAULT", ...;
             it honours ATEN_CPU_CAPABILITY).
-        cpuinfo_text: the contents of /proc/cpuinfo ("" where there is none).
+        flags: the REPORTED_FLAGS the CPU reports through cpuid (`reported_flags`). Not
+            /proc/cpuinfo: under qemu-user it shows the host's flags, not the emulated CPU's.
         override: RADIXSERVE_CPU_CAPABILITY ("" or "auto": none).
         onednn_cap: ONEDNN_MAX_CPU_ISA, or None.
     """
@@ -109,43 +112,24 @@ def detect_cpu_capability(torch_isa: str, cpuinfo_text: str, override: str, oned
         if override not in OVERRIDES:
             choices = ", ".join(OVERRIDES)
             raise ValueError(f"{env.PREFIX}CPU_CAPABILITY must be one of auto, {choices}; got {override!r}")
-        isa, flags = OVERRIDES[override]
-        return CpuCapability(isa, flags, f"{env.PREFIX}CPU_CAPABILITY={override}", onednn_cap)
+        isa, claimed = OVERRIDES[override]
+        return CpuCapability(isa, claimed, f"{env.PREFIX}CPU_CAPABILITY={override}", onednn_cap)
     lowered = torch_isa.lower()
     isa = "avx512" if lowered.startswith("avx512") else "avx2" if lowered.startswith("avx2") else "default"
     # NOTE: flags are kept as read even when torch dispatches below AVX-512 (ATEN_CPU_CAPABILITY):
     # the native_* properties require the avx512 ISA as well.
-    return CpuCapability(isa, read_cpu_flags(cpuinfo_text), "detected", onednn_cap)
+    return CpuCapability(isa, flags, "detected", onednn_cap)
 
 
 @functools.cache
 def cpu_capability() -> CpuCapability:
     """This process's CPU capability, read once."""
-    try:
-        with open("/proc/cpuinfo") as fh:
-            cpuinfo = fh.read()
-    except OSError:
-        cpuinfo = ""
     return detect_cpu_capability(
         torch.backends.cpu.get_cpu_capability(),
-        cpuinfo,
+        reported_flags(torch.cpu.get_capabilities()),
         env.get_str("CPU_CAPABILITY", ""),
         os.environ.get("ONEDNN_MAX_CPU_ISA") or None,
     )
-
-
-def emulation_env(level: str) -> dict[str, str]:
-    """Environment that makes torch and oneDNN behave as on a CPU of `level` ("avx2" only: the
-    one CPU we can emulate from a bigger one). Set it before torch is imported (a subprocess).
-
-    torch's and oneDNN's own dispatch then pick their AVX2 kernels, and our C++ kernels load
-    their x86-64-v3 (AVX2) build. What it cannot change: code compiled into torch for the whole
-    library rather than dispatched by capability, and anything keyed on cpuinfo flags directly.
-    """
-    if level != "avx2":
-        raise ValueError(f"only the avx2 CPU can be emulated, not {level!r}")
-    return {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
-            "RADIXSERVE_CPU_KERNELS_MARCH": "x86-64-v3"}
 
 
 def resolve_device(name: str) -> torch.device:
