@@ -24,6 +24,8 @@ lint: setup
 	exit $$status
 
 # No -x: CI needs every failure, not just the first. pytest-timeout bounds each test.
+# After the whole suite (no ARGS), scripts/test_avx2.sh reruns the C++ kernels' tests on an
+# AVX2-only CPU under qemu (EPYC-Rome), with the kernels' x86-64-v3 build.
 # ruff runs first (a tenth of a second); mypy runs beside pytest rather than before it: from a
 # fresh clone (every CI run) it takes about 50 s of one core, and beside the tests, at a lower
 # priority, it costs the run far less. Its findings print after the tests and fail the target
@@ -33,5 +35,7 @@ test: setup
 	echo "ruff check"; $(VENV)/bin/python -m ruff check . || status=1; \
 	types=$$(mktemp); (nice -n 10 $(VENV)/bin/python -m mypy >$$types 2>&1) & mypy_pid=$$!; \
 	$(VENV)/bin/python -m pytest -q $(ARGS) || status=1; \
+	if [ -z "$(ARGS)" ]; then echo "the C++ kernels on an AVX2-only CPU (qemu EPYC-Rome)"; \
+		bash scripts/test_avx2.sh || status=1; fi; \
 	echo "mypy (ran beside the tests)"; wait $$mypy_pid || status=1; cat $$types; rm -f $$types; \
 	exit $$status
