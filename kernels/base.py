@@ -38,15 +38,21 @@ class ForwardMetadata:
     qo_indptr_host: torch.Tensor  # int32 [B+1], cumulative new-token counts
     kv_indptr_host: torch.Tensor  # int32 [B+1], cumulative page counts
     kv_last_page_len_host: torch.Tensor  # int32 [B], tokens in each request's last page (1..page_size)
+    # [B] whether request b's new tokens were generated (a decode step, a speculative verify)
+    # rather than taken from its prompt; None: the requests with one new token.
+    generated: list[bool] | None = None
 
     @property
     def batch_size(self) -> int:
         return len(self.seq_lens)
 
+    def is_generated(self, i: int) -> bool:
+        return self.extend_lens[i] == 1 if self.generated is None else self.generated[i]
+
     @property
     def is_decode(self) -> bool:
-        """True when every request computes exactly one new token."""
-        return all(n == 1 for n in self.extend_lens)
+        """True when every request computes exactly one new, generated token."""
+        return all(n == 1 and self.is_generated(i) for i, n in enumerate(self.extend_lens))
 
     @property
     def prefix_lens(self) -> list[int]:

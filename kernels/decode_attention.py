@@ -5,9 +5,11 @@
     rows straight from the pool by slot, once for all query heads that share them (3x the speed
     of the torch way at 16 requests of 384 tokens, 4x at 1160);
   - the torch way: gather every request's KV into a padded [B, max_len] buffer, then one SDPA.
-Rows that all share a long KV prefix attend to it once (cascade); their own tokens go either way
-above, and the parts are merged by log-sum-exp: with the kernels all in C++
-(`kernels/csrc/cascade_attention.cpp`), otherwise by torch ops (`kernels/cascade.py`).
+With `cascade`, rows that all share a long KV prefix attend to it once; their own tokens go either
+way above, and the parts are merged by log-sum-exp: with the kernels all in C++
+(`kernels/csrc/cascade_attention.cpp`), otherwise by torch ops (`kernels/cascade.py`). It sums in
+another order than a row alone, so a row's result then depends on the rows batched with it: it
+is off unless asked for (--enable-batch-variance).
 """
 
 from __future__ import annotations
@@ -40,13 +42,14 @@ def kernel_supports(dtype: torch.dtype, head_dim: int, group: int) -> bool:
 
 class DecodeAttention:
     def __init__(self, pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int, gather: Gather,
-                 kernels: ModuleType | None) -> None:
+                 kernels: ModuleType | None, cascade: bool = False) -> None:
         self.pool = pool
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.group = num_heads // num_kv_heads
         self.scale = head_dim**-0.5
         self.gather = gather
         self.kernels = kernels if kernel_supports(pool.dtype, head_dim, self.group) else None
+        self.cascade = cascade
         self.shared_index: torch.Tensor | None = None  # KV slots every row shares (cascade)
 
     def plan(self, slots: torch.Tensor, seq_lens: list[int]) -> None:
@@ -58,7 +61,7 @@ class DecodeAttention:
         padded[valid] = slots
         # Every row keeps its newest token (its own slot) out of the shared part.
         min_batch, min_shared = CASCADE_MIN["torch" if self.kernels is None else "kernel"]
-        use_cascade = batch >= min_batch
+        use_cascade = self.cascade and batch >= min_batch
         shared = cascade.common_prefix_len(padded, min(seq_lens) - 1) if use_cascade else 0
         self.shared_index = None
         own_lens = seq_lens

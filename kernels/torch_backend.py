@@ -41,15 +41,16 @@ def token_slots(meta: ForwardMetadata) -> torch.Tensor:
     return slots[keep]
 
 
-DECODE_ROWS_EXTEND = 8  # extends of at most this many tokens attend as decode rows (in mixed batches)
+DECODE_ROWS_EXTEND = 8  # generated extends of at most this many tokens attend as decode rows
 
 
 class TorchAttentionBackend(AttentionBackend):
     """Paged prefill and decode attention over a `KVPool`, in plain torch."""
 
     def __init__(self, pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int,
-                 kernels: ModuleType | None = None) -> None:
-        """`kernels`: our built C++ CPU kernels (`runtime.execution.cpu_kernels`), or None for torch only."""
+                 kernels: ModuleType | None = None, cascade: bool = False) -> None:
+        """`kernels`: our built C++ CPU kernels (`runtime.execution.cpu_kernels`), or None for torch only.
+        `cascade`: decode rows sharing a long KV prefix attend to it once (kernels/decode_attention.py)."""
         assert num_heads % num_kv_heads == 0, (num_heads, num_kv_heads)
         self.pool = pool
         self.num_heads = num_heads
@@ -61,7 +62,7 @@ class TorchAttentionBackend(AttentionBackend):
         # Gathered K/V land in buffers reused by every layer and batch: fresh multi-MB tensors
         # per layer cost a page fault per 4 KiB on CPU, which dominated long-context decode.
         self._gather_bufs: dict[str, list[torch.Tensor]] = {}
-        self.decoder = DecodeAttention(pool, num_heads, num_kv_heads, head_dim, self._gather, kernels)
+        self.decoder = DecodeAttention(pool, num_heads, num_kv_heads, head_dim, self._gather, kernels, cascade)
         # The prefill kernel has the decode kernel's instances (dtypes, head sizes, groups).
         self.extend_kernel = kernels if kernel_supports(pool.dtype, head_dim, self.group) else None
 
@@ -72,12 +73,15 @@ class TorchAttentionBackend(AttentionBackend):
         if self.decode:
             self.decoder.plan(slots, meta.seq_lens)
             return
-        # Mixed: the rows of short extends (decodes, speculative verify steps) attend as decode
-        # rows together, row j of an n-token extend over the first seq_len - n + 1 + j slots;
-        # their query rows are gathered, then scattered. Longer extends run one by one.
-        short = [i for i, n in enumerate(meta.extend_lens) if n <= DECODE_ROWS_EXTEND]
+        # Mixed: the rows of short generated extends (decodes, speculative verify steps) attend as
+        # decode rows together, row j of an n-token extend over the first seq_len - n + 1 + j
+        # slots; their query rows are gathered, then scattered. Prompt tokens always take the
+        # prefill path and generated ones the decode path, however the batch is made up: the two
+        # kernels sum in different orders, so a row's result would otherwise depend on how its
+        # prompt was chunked or what it was batched with.
+        short = [i for i, n in enumerate(meta.extend_lens) if n <= DECODE_ROWS_EXTEND and meta.is_generated(i)]
         self.mixed_rows: torch.Tensor | None = None
-        if sum(meta.extend_lens[i] for i in short) > 1:
+        if short:
             kv_starts = _starts(meta.seq_lens)
             q_starts = _starts(meta.extend_lens)
             pieces, lens, rows = [], [], []

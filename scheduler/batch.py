@@ -72,6 +72,7 @@ def decode_entry(req: Req) -> ForwardEntry:
         assert req.grammar is None, "a constrained request's mask needs its previous token"
         entry = _entry(req, pos, 1, input_ids=[0])
         entry.input_from_future = True
+    entry.generated = True
     _constrain(req, entry)
     return entry
 
@@ -81,6 +82,7 @@ def speculative_entry(req: Req, drafts: list[int]) -> ForwardEntry:
     pos = req.computed - 1 - len(drafts)
     entry = _entry(req, pos, 1 + len(drafts), input_ids=[req.fill_ids[pos], *drafts])
     entry.draft_ids = list(drafts)
+    entry.generated = True
     return entry
 
 

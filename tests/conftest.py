@@ -21,6 +21,9 @@ fixture's flags, started on first use, stopped at the end of the run):
   a 4 s drain. Used by the soak (the small capacity gets it 503s; it asserts that it leaves
   nothing held), test_structured_outputs (the reasoning parser) and test_http_server (the name,
   priorities and the drain; its last test ends the server with SIGTERM).
+- `shipped_server`: the configuration `make serve` gives, no flag at all (the shipped Q4_1
+  file's blocks on our C++ kernels, the CPU's own dtype, all cores, the default pool). Used by
+  tests/tokenizer/test_shipped_default_http.py.
 - `key_server` (`http_helpers.KEY_SERVER_ARGS`): an API key read from a file (`http_helpers.AUTH`
   opens it), a 64 KiB body limit, 2 running + 1 queued requests, 4 prompts per request. Used by
   test_admission (admission control at that capacity: it fills it and empties it again, counting
@@ -39,7 +42,7 @@ subset is only slower).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -49,6 +52,7 @@ if TYPE_CHECKING:
     from tests.tokenizer.http_helpers import RunningServer
 
 GROUPED = ("small_server", "key_server")  # pooled servers whose users run one after another
+SHIPPED = ("<shipped>",)  # ServerPool's key of the flagless server
 
 
 def _cuda_available() -> bool:
@@ -149,9 +153,18 @@ class ServerPool:
         """The live server with BASE_ARGS and `extra`."""
         from tests.tokenizer.http_helpers import RunningServer
 
-        server = self._servers.get(extra)
+        return self._live(extra, lambda: RunningServer.start(self.model_path, *extra))
+
+    def get_shipped(self) -> RunningServer:
+        """The live server with no flags at all, on the shipped default model."""
+        from tests.tokenizer.http_helpers import RunningServer
+
+        return self._live(SHIPPED, lambda: RunningServer.start(None, base_args=()))
+
+    def _live(self, key: tuple[str, ...], start: Callable[[], RunningServer]) -> RunningServer:
+        server = self._servers.get(key)
         if server is None or server.process.poll() is not None:
-            server = self._servers[extra] = RunningServer.start(self.model_path, *extra)
+            server = self._servers[key] = start()
         return server
 
     def stop_all(self) -> None:
@@ -175,6 +188,12 @@ def server_pool(default_model_path: str) -> Iterator[ServerPool]:
 def shared_server(server_pool: ServerPool) -> RunningServer:
     """The run's one default server (never ended by a test)."""
     return server_pool.get()
+
+
+@pytest.fixture(scope="session")
+def shipped_server(server_pool: ServerPool) -> RunningServer:
+    """The server as a user starts it: no flags (never ended by a test)."""
+    return server_pool.get_shipped()
 
 
 @pytest.fixture(scope="session")

@@ -99,6 +99,10 @@ class ServerConfig:
         30.0, "with priority scheduling: seconds after which a waiting request goes ahead of every priority, "
         "so none starves; 0: never")
     disable_radix_cache: bool = _opt(False, "turn off prefix reuse across requests")
+    enable_batch_variance: bool = _opt(
+        False, "let a row's result depend on what it is batched with, for speed: decode rows sharing a long KV "
+        "prefix attend to it once (the cascade) and engines are chosen by batch shape (the start-up log says "
+        "which); greedy tokens may then change with batching, chunking and the cache")
     disable_overlap_schedule: bool | None = _opt(
         None, "run the scheduler and the forward one after the other; default: overlap on CUDA only, "
         "where it measures faster (on CPU the forward thread competes for the cores)")

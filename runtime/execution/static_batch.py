@@ -62,6 +62,7 @@ class StaticBatch:
             kv_write_start=start,
             sampling=sampling or SamplingParams(temperature=0.0),
             output_ids=list(seq.output),
+            generated=start >= len(seq.tokens) - len(seq.output),
         )
 
     def step(self, seqs: list[Seq], chunk: int | None = None, **kw: object) -> ForwardResult:

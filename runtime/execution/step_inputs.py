@@ -55,6 +55,7 @@ def prepare_step(entries: list[ForwardEntry], page_size: int, req_to_token: ReqT
         qo_indptr_host=host_tensor(plan.qo_indptr, int32, device),
         kv_indptr_host=host_tensor(plan.kv_indptr, int32, device),
         kv_last_page_len_host=host_tensor(plan.kv_last_page_len, int32, device),
+        generated=plan.generated,
     )
     return StepInputs(plan, meta, input_ids, dev["last_rows"], dev["rows"])
 

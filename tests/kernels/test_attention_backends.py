@@ -150,8 +150,8 @@ def test_common_prefix_len_and_merge() -> None:
 @pytest.mark.parametrize("use_kernels", [False, True], ids=["torch", "cpp"])
 def test_shared_prefix_is_attended_once(dtype: torch.dtype, tol: float, page_size: int, prefill_too: bool,
                                         use_kernels: bool) -> None:
-    """Sixteen decode rows (and, mixed, one prefill) share a 520-token KV prefix: the backend
-    attends to it once (cascade) and still matches the dense per-request reference."""
+    """Sixteen decode rows (and, mixed, one prefill) share a 520-token KV prefix: the backend asked
+    for the cascade attends to it once and still matches the dense per-request reference."""
     from kernels.decode_attention import CASCADE_MIN
 
     gen = torch.Generator().manual_seed(1)
@@ -181,7 +181,10 @@ def test_shared_prefix_is_attended_once(dtype: torch.dtype, tol: float, page_siz
     q = torch.randn(sum(extend_lens), HEADS, DIM, generator=gen).to(dtype)
     new_k = torch.cat([k[n - e :] for k, n, e in zip(full_k, seq_lens, extend_lens)]).to(dtype)
     new_v = torch.cat([v[n - e :] for v, n, e in zip(full_v, seq_lens, extend_lens)]).to(dtype)
-    backend = TorchAttentionBackend(pool, HEADS, KV_HEADS, DIM, _kernels(use_kernels))
+    per_row = TorchAttentionBackend(pool, HEADS, KV_HEADS, DIM, _kernels(use_kernels))
+    per_row.plan(meta)
+    assert per_row.decoder.shared_index is None, "the cascade is off unless asked for"
+    backend = TorchAttentionBackend(pool, HEADS, KV_HEADS, DIM, _kernels(use_kernels), cascade=True)
     backend.plan(meta)
     assert backend.decoder.shared_index is not None and len(backend.decoder.shared_index) == shared_len
     for layer in range(LAYERS):
@@ -237,3 +240,26 @@ def test_cpp_decode_kernel_refuses_shapes_it_has_no_instance_for() -> None:
         kernels.decode_attention(q, pool, pool, slots, indptr, 0.25)
     assert not kernel_supports(torch.float32, 16, 3) and not kernel_supports(torch.float32, 64, 9)
     assert kernel_supports(torch.bfloat16, 128, 8) and not kernel_supports(torch.float16, 64, 3)
+
+
+@pytest.mark.parametrize("generated,decode_rows", [
+    ([False, True, False], [5]),  # a mixed batch: only the decode row attends as one
+    ([True, True, True], list(range(6))),  # generated extends (speculative verifies) of <= 8 tokens...
+    ([False, False, False], []),  # ...but never prompt tokens, however few
+])
+def test_prompt_tokens_take_the_prefill_path_and_generated_ones_the_decode_path(
+        generated: list[bool], decode_rows: list[int]) -> None:
+    """The prefill and decode kernels sum in different orders: a prompt token must take the same
+    path whether its prompt came whole or in chunks, alone or beside decodes."""
+    extend_lens = [5, 1, 12]
+    seq_lens = [9, 14, 12]
+    pool = KVPool(LAYERS, 64, KV_HEADS, DIM, torch.float32, torch.device("cpu"), 1)
+    pages = [list(range(1, 10)), list(range(10, 24)), list(range(24, 36))]
+    meta = _metadata(pages, seq_lens, extend_lens, 1)
+    meta.generated = generated
+    backend = TorchAttentionBackend(pool, HEADS, KV_HEADS, DIM)
+    backend.plan(meta)
+    assert ([] if backend.mixed_rows is None else backend.mixed_rows.tolist()) == decode_rows
+    one_token_prompts = _metadata(pages[:2], [9, 14], [1, 1], 1)
+    one_token_prompts.generated = [False, False]
+    assert not one_token_prompts.is_decode

@@ -59,11 +59,12 @@ class RunningServer:
         return f"http://127.0.0.1:{self.port}"
 
     @classmethod
-    def start(cls, model_path: str, *extra: str, base_args: tuple[str, ...] = BASE_ARGS) -> RunningServer:
-        """Start a server with `base_args` (pass () for the user's defaults) and `extra`."""
+    def start(cls, model_path: str | None, *extra: str, base_args: tuple[str, ...] = BASE_ARGS) -> RunningServer:
+        """Start a server with `base_args` (pass () for the user's defaults) and `extra`; without
+        a model path, on the shipped default model as `make serve` serves it."""
         port = free_port()
-        cmd = [sys.executable, "-m", "tokenizer.http_server", "--model-path", model_path,
-               "--port", str(port), *base_args, *extra]
+        model = ["--model-path", model_path] if model_path is not None else []
+        cmd = [sys.executable, "-m", "tokenizer.http_server", *model, "--port", str(port), *base_args, *extra]
         # The child keeps its own copy of the log's descriptor; ours closes once it is started.
         with tempfile.NamedTemporaryFile(prefix="radixserve-http-", suffix=".log", delete=False) as log:
             process = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)

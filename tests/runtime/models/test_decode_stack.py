@@ -97,6 +97,7 @@ def test_stack_attends_a_shared_prefix_once_bit_for_bit(engine: StaticBatch, mon
     """Rows sharing a KV prefix: the stack's cascade_attention is the Python path's, logits bit for
     bit (the thresholds lowered so that two rows over 40 tokens take the cascade)."""
     monkeypatch.setitem(decode_attention.CASCADE_MIN, "kernel", (2, 8))
+    monkeypatch.setattr(engine.runner.backend.decoder, "cascade", True)  # --enable-batch-variance
     stack = engine.runner.model.model.decode_stack
     ours = _shared_prefix_logits(engine, stack, steps=4)
     python = _shared_prefix_logits(engine, None, steps=4)
