@@ -46,7 +46,7 @@ def pack_weight(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor
     try:
         packed: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(weight, None)
         probe = torch.ones((1, weight.shape[1]), dtype=weight.dtype)
-        got = _packed_linear(probe, packed, bias)
+        got = packed_linear(probe, packed, bias)
     except (RuntimeError, NotImplementedError):
         return None
     if got.dtype != weight.dtype or not torch.allclose(got, F.linear(probe, weight, bias), rtol=1e-2, atol=1e-2):
@@ -54,7 +54,7 @@ def pack_weight(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor
     return packed
 
 
-def _packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     y: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
     return y
 
@@ -88,7 +88,7 @@ class LinearMethod:
 
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
         if layer.packed is not None:
-            return _packed_linear(x, layer.packed, layer.bias)
+            return packed_linear(x, layer.packed, layer.bias)
         assert layer.weight is not None, "a layer without a packed weight keeps its plain one"
         return F.linear(x, layer.weight, layer.bias)
 
@@ -131,7 +131,7 @@ class RowGemvLinearMethod(LinearMethod):
         if rows.shape[0] <= GEMV_MAX_ROWS:
             y: torch.Tensor = self.kernels.dense_gemv(rows, layer.weight, layer.bias)
         else:
-            y = _packed_linear(rows.contiguous(), layer.weight, layer.bias)  # oneDNN takes a plain weight too
+            y = packed_linear(rows.contiguous(), layer.weight, layer.bias)  # oneDNN takes a plain weight too
         return y.reshape(*x.shape[:-1], y.shape[-1])
 
 

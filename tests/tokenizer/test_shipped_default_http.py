@@ -33,6 +33,9 @@ def test_it_serves_the_shipped_blocks_in_the_cpus_dtype(shipped_server: RunningS
     assert info["load_format"] == "gguf" and str(info["gguf_file"]).endswith(".Q4_1.gguf")
     assert info["dtype"] == ("bfloat16" if cpu_capability().native_bf16 else "float32")
     assert info["num_threads"] is None and not info["enable_batch_variance"]
+    engines = {(e["op"], e["engine"]) for e in info["engines"]}  # what the start-up log says too
+    assert ("decode cascade", "off") in engines and ("prefill attention", "ours") in engines
+    assert all(engine.startswith("blocks-") for op, engine in engines if op == "block GEMM")
 
 
 def test_greedy_tokens_do_not_depend_on_how_they_are_asked_for(shipped_server: RunningServer) -> None:
