@@ -52,6 +52,7 @@ def prefill_entry(req: Req, extend: int) -> ForwardEntry:
     """The next `extend` tokens of a request's prompt (its kv was just extended by `extend`)."""
     start = req.computed - extend
     entry = _entry(req, start, extend)
+    entry.generated = False
     _plan_input_logprobs(req, entry, start, start + extend)
     if req.computed == len(req.fill_ids):  # the last chunk: its sampled token is the next one
         _constrain(req, entry)

@@ -50,9 +50,15 @@ class ForwardEntry:
     # Speculative decoding: input_ids are [last token, *draft_ids]; every row gets logits and the
     # runner verifies the drafts (ForwardResult.accepted) instead of sampling the last row.
     draft_ids: list[int] | None = None
-    # The new tokens were generated (a decode step, a speculative verify), not read from the
-    # prompt: attention takes the decode path for them (kernels/torch_backend.py).
-    generated: bool = False
+    # The new tokens were generated (a decode step, a speculative verify) rather than read from
+    # the prompt: attention takes the decode path for them, the prefill path for prompt tokens
+    # (kernels/torch_backend.py). None: one new token is a generated one (the scheduler always
+    # says which).
+    generated: bool | None = None
+
+    @property
+    def is_generated(self) -> bool:
+        return len(self.input_ids) == 1 if self.generated is None else self.generated
 
     @property
     def seq_len(self) -> int:
@@ -73,7 +79,7 @@ class BatchPlan:
     page_size: int
     seq_lens: list[int]  # [B] tokens of KV per request after this step
     extend_lens: list[int]  # [B] new tokens per request
-    generated: list[bool]  # [B] ForwardEntry.generated
+    generated: list[bool]  # [B] ForwardEntry.is_generated
     input_ids: list[int]  # [T] (placeholders where the future map supplies the token)
     positions: list[int]  # [T]
     out_cache_loc: list[int]  # [T] the KV slot each new token is written to
@@ -136,7 +142,7 @@ def plan_batch(entries: list[ForwardEntry], page_size: int, table_width: int) ->
         page_size=ps,
         seq_lens=seq_lens,
         extend_lens=extend_lens,
-        generated=[e.generated for e in entries],
+        generated=[e.is_generated for e in entries],
         input_ids=[t for e in entries for t in e.input_ids],
         positions=positions,
         out_cache_loc=out_cache_loc,
