@@ -141,7 +141,7 @@ def run_scheduler_process(config: ServerConfig, ipc_path: str, ready_conn: Conne
             "context_length": scheduler.context_len,
             "vocab_size": scheduler.runner.vocab_size,
             "eos_token_ids": sorted(scheduler.eos_ids),
-            "engines": [choice.as_dict() for choice in scheduler.runner.loaded.engines],
+            "engines": scheduler.runner.engines,
         }
         ready_conn.send_bytes(encode(ChildReady("scheduler", info)))
         watchdog = start_watchdog(config, ipc_path, scheduler)

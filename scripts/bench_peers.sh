@@ -133,11 +133,11 @@ done
 # the alternatives measured (runtime/execution/engines.py; with $RADIXSERVE_ARGS too, for that row).
 ENGINES_LINE=""
 if [[ "$INSTALL_ONLY" != 1 ]]; then
-    ENGINES_LINE="$("$RS_PY" -m runtime.execution.engines 2>/dev/null | tail -n 1 || true)"
-    echo "radixserve ${ENGINES_LINE:-engines: unknown (python -m runtime.execution.engines failed)}"
+    ENGINES_LINE="$("$RS_PY" -m runtime.execution.show_engines 2>/dev/null | tail -n 1 || true)"
+    echo "radixserve ${ENGINES_LINE:-engines: unknown (python -m runtime.execution.show_engines failed)}"
     if [[ -n "$RS_EXTRA" ]]; then
         # shellcheck disable=SC2086 # RS_EXTRA is split on whitespace, as for the server
-        echo "radixserve $RS_EXTRA: $("$RS_PY" -m runtime.execution.engines $RS_EXTRA 2>/dev/null | tail -n 1 || true)"
+        echo "radixserve $RS_EXTRA: $("$RS_PY" -m runtime.execution.show_engines $RS_EXTRA 2>/dev/null | tail -n 1 || true)"
     fi
 fi
 if [[ -z "$SYSTEMS" ]]; then

@@ -2,8 +2,6 @@
 measures the candidates on this CPU at the model's own shapes, logs one line per choice and why,
 and /get_server_info shows them (`engines`).
 
-    python -m runtime.execution.engines [server flags]   # the choices for a config, as the server logs them
-
 The ops and their candidates:
 - block GEMM: the linears on GGUF blocks at many rows (prefill chunks, large batches). Ours
   (kernels/csrc/quant_gemm.cpp: 8-bit activation blocks against the weight blocks in integers,
@@ -23,7 +21,7 @@ wins (and at every larger one), prefill attention takes the faster engine, and t
 a row's result then depends on its batch, and greedy tokens may change with it.
 
 Measuring takes a few seconds, so serving measures only with --enable-batch-variance, where it
-decides something; `python -m runtime.execution.engines` measures either way and prints what each
+decides something; `python -m runtime.execution.show_engines` measures either way and prints what each
 alternative measured (scripts/bench_peers.sh prints it first).
 """
 
@@ -49,7 +47,7 @@ logger = logging.getLogger("radixserve.engines")
 ROW_PROBES = (64, 256, 1024)  # rows at which the block GEMM's engines are measured
 PREFILL_PROBES = ((256, 0), (128, 1024))  # (new tokens, cached prefix) of one request
 MARGIN = 1.1  # an alternative must be this much faster to be taken
-UNMEASURED = "batch invariance: one engine for every shape (the alternatives: python -m runtime.execution.engines)"
+UNMEASURED = "batch invariance: one engine for every shape (the alternatives: python -m runtime.execution.show_engines)"
 REPEATS = 3  # timed calls per engine and shape, alternating; the fastest counts
 
 
@@ -204,23 +202,3 @@ def cpu_line() -> str:
     """What the choices were measured on, for the log and the benchmark's first line."""
     return cpu_capability().describe()
 
-
-def main(argv: list[str] | None = None) -> None:
-    """Print the choices the server would make for these flags (it loads the model, as serving does)."""
-    import argparse
-
-    from runtime.contracts.config import add_cli_arguments, config_from_args
-    from runtime.execution.model_setup import load_model_for_serving
-    from runtime.execution.resolve import resolve_config
-
-    parser = argparse.ArgumentParser(description="the engines the server chooses for these flags, and why")
-    add_cli_arguments(parser)
-    config = resolve_config(config_from_args(parser.parse_args(argv)))
-    loaded = load_model_for_serving(config)  # measured only with --enable-batch-variance
-    choices = loaded.engines if config.enable_batch_variance else choose_engines(
-        loaded.model, loaded.backend, config, measure=True)
-    print(f"engines on {cpu_line()}: " + "; ".join(choice.line() for choice in choices), flush=True)
-
-
-if __name__ == "__main__":
-    main()

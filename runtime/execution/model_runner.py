@@ -94,6 +94,11 @@ class ModelRunner:
         self.step_hook.close()
         self.step_hook = SingleRank()
 
+    @property
+    def engines(self) -> list[dict[str, str]]:
+        """The CPU ops' engines chosen at load, and why (runtime/execution/engines.py)."""
+        return [choice.as_dict() for choice in self.loaded.engines]
+
     def forward(self, entries: list[ForwardEntry], keep_logits: bool = False) -> ForwardResult:
         start = time.perf_counter()
         self.step_hook.before_forward(entries, keep_logits)
