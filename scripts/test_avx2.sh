@@ -11,6 +11,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VPY="$ROOT/.venv/bin/python"
 cd "$ROOT"
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"  # this tree's code, even where .venv's editable install points elsewhere
 
 if ! command -v qemu-x86_64 >/dev/null 2>&1; then
     if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
@@ -31,7 +32,16 @@ export RADIXSERVE_CPU_KERNELS_MARCH=x86-64-v3
 quiet() { grep -v "TCG doesn't support requested feature" >&2 || true; }
 emulated() { qemu-x86_64 -cpu EPYC-Rome "$VPY" "$@" 2> >(quiet); }
 
-emulated scripts/avx2_probe.py ${native:+"$native"}
 KERNEL_TESTS=(tests/kernels/csrc tests/runtime/execution/test_cpu_kernels.py)
 if [[ $# -eq 0 ]]; then set -- "${KERNEL_TESTS[@]}"; fi
-emulated -m pytest -q -p no:cacheprovider "$@"
+# One emulated interpreter for both (torch takes about 12 s to import under qemu): the probe, then pytest.
+emulated -c 'import runpy, sys
+native, tests = sys.argv[1], sys.argv[2:]
+sys.argv = ["avx2_probe.py", *([native] if native else [])]
+try:
+    runpy.run_path("scripts/avx2_probe.py", run_name="__main__")
+except SystemExit as probe:
+    if probe.code:
+        raise
+import pytest
+sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", *tests]))' "$native" "$@"
