@@ -64,3 +64,22 @@ def test_unsupported_shapes_are_refused(kernels: ModuleType) -> None:
         kernels.decode_attention(torch.randn(1, 4, 64).bfloat16(), pool, pool, slots, lengths, 0.1)
     with pytest.raises(RuntimeError, match="int64 indices"):
         kernels.decode_attention(torch.randn(1, 4, 64), pool, pool, slots.int(), lengths, 0.1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_row_does_not_depend_on_the_rows_beside_it(kernels: ModuleType, dtype: torch.dtype) -> None:
+    """Batch invariance: each row alone and in a batch of rows sharing its prefix are equal bit for bit."""
+    gen = torch.Generator().manual_seed(8)
+    heads, kv_heads, d = 9, 3, 64
+    lengths = [600, 603, 1, 17, 598]
+    pool = 700
+    k_pool, v_pool = (torch.randn(pool, kv_heads, d, generator=gen).to(dtype) for _ in range(2))
+    shared = torch.arange(1, 590)
+    rows = [torch.cat([shared, torch.arange(600, 600 + n - 589)]) if n > 589 else torch.arange(1, n + 1)
+            for n in lengths]
+    q = torch.randn(len(lengths), heads, d, generator=gen).to(dtype)
+    out, lse = kernels.decode_attention(q, k_pool, v_pool, torch.cat(rows), indptr(lengths), d**-0.5)
+    for b, slots in enumerate(rows):
+        alone, alone_lse = kernels.decode_attention(q[b : b + 1].contiguous(), k_pool, v_pool, slots,
+                                                    indptr([len(slots)]), d**-0.5)
+        assert torch.equal(alone[0], out[b]) and torch.equal(alone_lse[0], lse[b]), b

@@ -81,3 +81,26 @@ def test_requests_without_kv_are_skipped_and_bad_shapes_refused(kernels: ModuleT
     with pytest.raises(RuntimeError, match="1 to 8 query heads per KV head"):
         wide = torch.randn(6, 18, 64)
         kernels.prefill_attention(wide, pool, pool, slots, q_indptr, kv_indptr, 0.125, torch.empty_like(wide))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_row_does_not_depend_on_how_its_prompt_is_chunked(kernels: ModuleType, dtype: torch.dtype) -> None:
+    """Batch invariance (runtime/execution/engines.py): a prompt's rows computed in one call, in
+    chunks over the cached part before them, or beside another request, are equal bit for bit."""
+    gen = torch.Generator().manual_seed(9)
+    heads, kv_heads, d, n = 9, 3, 64, 101
+    k_pool, v_pool = (torch.randn(n + 40, kv_heads, d, generator=gen).to(dtype) for _ in range(2))
+    q = torch.randn(n, heads, d, generator=gen).to(dtype)
+    slots = torch.arange(1, n + 1)
+    whole = torch.empty_like(q)
+    kernels.prefill_attention(q, k_pool, v_pool, slots, indptr([n]), indptr([n]), d**-0.5, whole)
+    for start in (1, 5, 32, 47, 48, 64, 100):  # chunk starts around the 32-key blocks and 48-row tiles
+        chunk = torch.empty_like(q[start:])
+        kernels.prefill_attention(q[start:].contiguous(), k_pool, v_pool, slots, indptr([n - start]), indptr([n]),
+                                  d**-0.5, chunk)
+        assert torch.equal(chunk, whole[start:]), start
+    other = torch.randn(7, heads, d, generator=gen).to(dtype)  # a second request first in the call
+    both = torch.empty(7 + n, heads, d, dtype=dtype)
+    kernels.prefill_attention(torch.cat([other, q]), k_pool, v_pool, torch.cat([torch.arange(n + 1, n + 8), slots]),
+                              indptr([7, n]), indptr([7, n]), d**-0.5, both)
+    assert torch.equal(both[7:], whole)
