@@ -18,10 +18,10 @@ The kernel runs in the variant chosen for this CPU (runtime/execution/device.py
 `block_kernel_isa`). Without the built kernels (a warning was logged at start) the blocks are
 dequantized per call by the torch reference: correct and slow, and without that independence.
 
-With --enable-batch-variance, runtime/execution/engines.py may give a layer a second engine for
-calls of many rows (`use_dense`): the blocks dequantized once into a oneDNN-packed copy in the
-activations' dtype, which runs on the CPU's matrix engine where it has one (AMX on Xeons). It
-costs that copy's memory and the independence above: a row's result then depends on how many rows
+With --enable-batch-variance, runtime/execution/engines.py may give a layer a library engine for
+its calls of many rows (`use_dense`, kernels/block_engines.py: oneDNN on a dequantized copy, which
+runs on the CPU's matrix engine where it has one, or torch's int4 matmul). It costs that engine's
+copy of the weight and the independence above: a row's result then depends on how many rows
 share its call.
 """
 
@@ -32,8 +32,9 @@ from types import ModuleType
 import torch
 import torch.nn.functional as F
 
+from kernels.block_engines import DenseEngine
 from kernels.gguf_blocks import BlockFormat, deinterleave_rows, dequantize, interleave_rows, row_bytes
-from kernels.linear import Linear, LinearMethod, pack_weight, packed_linear
+from kernels.linear import Linear, LinearMethod
 
 ISA_CODES = {"avx2": 0, "avx512": 1}
 
@@ -56,32 +57,16 @@ class BlockQuantLinearMethod(LinearMethod):
         self.out_features = blocks.shape[0]
         self.kernels = kernels
         self.isa_code = ISA_CODES[isa]
-        self.dense: torch.Tensor | None = None  # use_dense's packed copy, in dense_dtype
-        self.dense_dtype = torch.float32
+        self.dense: DenseEngine | None = None  # use_dense's engine for calls of dense_from_rows rows or more
         self.dense_from_rows = 0
 
     @property
     def nbytes(self) -> int:
-        return self.grouped.numel() + (0 if self.dense is None else self.dense_bytes)
+        return self.grouped.numel() + (0 if self.dense is None else self.dense.nbytes)
 
-    @property
-    def dense_bytes(self) -> int:
-        """What use_dense's copy holds: one value of its dtype per weight."""
-        assert self.dense is not None
-        return self.out_features * self.in_features * self.dense_dtype.itemsize
-
-    def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:
-        """The weight dequantized into `dtype` [out, in]."""
-        return dequantize(self.row_blocks(), self.fmt).to(dtype)
-
-    def use_dense(self, dtype: torch.dtype, from_rows: int, bias: torch.Tensor | None) -> bool:
-        """Run calls of at least `from_rows` rows on a oneDNN-packed copy in `dtype`; False (and
-        nothing kept) where oneDNN cannot pack it."""
-        packed = pack_weight(self.dense_weight(dtype), bias)
-        if packed is None:
-            return False
-        self.dense, self.dense_dtype, self.dense_from_rows = packed, dtype, from_rows
-        return True
+    def use_dense(self, engine: DenseEngine | None, from_rows: int = 0) -> None:
+        """Run calls of at least `from_rows` rows of `engine`'s dtype on `engine` (None: none)."""
+        self.dense, self.dense_from_rows = engine, from_rows
 
     def row_blocks(self) -> torch.Tensor:
         """The weight's blocks as rows again (a copy, for inspection and tests)."""
@@ -90,8 +75,8 @@ class BlockQuantLinearMethod(LinearMethod):
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).contiguous()
         y: torch.Tensor
-        if self.dense is not None and rows.shape[0] >= self.dense_from_rows and rows.dtype == self.dense_dtype:
-            y = packed_linear(rows, self.dense, layer.bias)
+        if self.dense is not None and rows.shape[0] >= self.dense_from_rows and rows.dtype == self.dense.dtype:
+            y = self.dense.run(rows, layer.bias)
         elif self.kernels is None:
             y = F.linear(rows, dequantize(self.row_blocks(), self.fmt).to(x.dtype), layer.bias)
         else:

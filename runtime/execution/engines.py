@@ -34,9 +34,10 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from kernels import block_engines
 from kernels.base import ForwardMetadata
 from kernels.kv_pool import KVPool
-from kernels.linear import Linear, pack_weight, packed_linear
+from kernels.linear import Linear
 from kernels.quant_linear import BlockQuantLinearMethod
 from kernels.torch_backend import TorchAttentionBackend
 from runtime.contracts.config import ServerConfig
@@ -112,33 +113,49 @@ def model_dtype(model: torch.nn.Module) -> torch.dtype:
 
 def _choose_one_gemm(shape: str, methods: list[BlockQuantLinearMethod], dtype: torch.dtype, variance: bool
                      ) -> Choice:
-    ours = f"blocks-{'avx512' if methods[0].isa_code else 'avx2'}"
-    dense = f"onednn-{str(dtype).removeprefix('torch.')}"
+    """Ours, or the library engine (kernels/block_engines.py) that wins from the fewest rows on."""
     probe = methods[0]
-    packed = pack_weight(probe.dense_weight(dtype), None)
-    if packed is None:
-        return Choice("block GEMM", shape, ours, f"oneDNN cannot pack {dense} here")
-    kernels = probe.kernels
-    assert kernels is not None
-    speedups = {}
-    for rows in ROW_PROBES:
-        x = torch.randn(rows, probe.in_features).to(dtype)
-        t_ours, t_dense = _alternate(
-            lambda: kernels.quant_linear(x, probe.grouped, probe.fmt.code, probe.isa_code, probe.out_features,  # noqa: B023
-                                         None),
-            lambda: packed_linear(x, packed, None))  # noqa: B023 (both called at once)
-        speedups[rows] = t_ours / t_dense
-    measured = ", ".join(f"{r} rows {s:.2f}x" for r, s in speedups.items())
-    from_rows = dense_from_rows(speedups)
-    if from_rows is None:
-        return Choice("block GEMM", shape, ours, f"{dense} measured {measured} of ours")
+    ours = f"blocks-{'avx512' if probe.isa_code else 'avx2'}"
+    blocks = probe.row_blocks()
+    made = [(make, engine) for make in block_engines.CANDIDATES if (engine := make(blocks, probe.fmt, dtype))]
+    if not made:
+        return Choice("block GEMM", shape, ours, f"no library engine runs {probe.fmt.name} in {dtype} here")
+    speedups = {engine.name: _speedups(probe, engine, dtype) for _, engine in made}
+    measured = "; ".join(f"{name} measured " + ", ".join(f"{r} rows {s:.2f}x" for r, s in by_rows.items())
+                         for name, by_rows in speedups.items()) + " of ours"
+    # The engine that wins from the fewest rows on, then the one fastest at the most rows.
+    winners = sorted((start, -speedups[engine.name][ROW_PROBES[-1]], i) for i, (_, engine) in enumerate(made)
+                     if (start := dense_from_rows(speedups[engine.name])) is not None)
+    if not winners:
+        return Choice("block GEMM", shape, ours, measured)
     if not variance:
-        return Choice("block GEMM", shape, ours, f"batch invariance: one engine for every row count; {dense} "
-                                                 f"measured {measured} of ours (--enable-batch-variance)")
-    copies = sum(m.use_dense(dtype, from_rows, None) for m in methods)
-    extra_mb = sum(m.dense_bytes for m in methods if m.dense is not None) / 2**20
-    return Choice("block GEMM", shape, f"{ours} below {from_rows} rows, {dense} from {from_rows}",
-                  f"{dense} measured {measured} of ours; {copies} copies, +{extra_mb:.0f} MB")
+        return Choice("block GEMM", shape, ours, f"batch invariance: one engine for every row count; {measured} "
+                                                 "(--enable-batch-variance)")
+    from_rows, _, best = winners[0]
+    make, engine = made[best]
+    extra = 0
+    for method in methods:
+        copy = make(method.row_blocks(), method.fmt, dtype)
+        method.use_dense(copy, from_rows)
+        extra += copy.nbytes if copy is not None else 0
+    return Choice("block GEMM", shape, f"{ours} below {from_rows} rows, {engine.name} from {from_rows}",
+                  f"{measured}; +{extra / 2**20:.0f} MB for its copies")
+
+
+def _speedups(method: BlockQuantLinearMethod, engine: block_engines.DenseEngine, dtype: torch.dtype
+              ) -> dict[int, float]:
+    """Ours' time over `engine`'s for `method`'s weight, by row count."""
+    kernels = method.kernels
+    assert kernels is not None
+    out = {}
+    for rows in ROW_PROBES:
+        x = torch.randn(rows, method.in_features).to(dtype)
+        t_ours, t_lib = _alternate(
+            lambda: kernels.quant_linear(x, method.grouped, method.fmt.code, method.isa_code,  # noqa: B023
+                                         method.out_features, None),
+            lambda: engine.run(x, None))  # noqa: B023 (both called at once)
+        out[rows] = t_ours / t_lib
+    return out
 
 
 def dense_from_rows(speedups: dict[int, float]) -> int | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernels import block_engines
 from kernels import gguf_blocks as gb
 from kernels.linear import Linear
 from kernels.quant_linear import BlockQuantLinearMethod, install
@@ -31,29 +32,33 @@ def _block_linear(dtype: torch.dtype) -> tuple[Linear, BlockQuantLinearMethod]:
     kernels = load_cpu_kernels()
     assert kernels is not None, "make setup builds the kernels"
     gen = torch.Generator().manual_seed(5)
-    layer = Linear(96, 40, bias=False, dtype=dtype)
-    install(layer, gb.quantize(torch.randn(40, 96, generator=gen) * 0.1, gb.FORMATS["q4_1"]), gb.FORMATS["q4_1"],
+    layer = Linear(96, 48, bias=False, dtype=dtype)  # int4pack needs 16 | out
+    install(layer, gb.quantize(torch.randn(48, 96, generator=gen) * 0.1, gb.FORMATS["q4_1"]), gb.FORMATS["q4_1"],
             kernels, cpu_capability().block_kernel_isa)
     assert isinstance(layer.method, BlockQuantLinearMethod)
     return layer, layer.method
 
 
+@pytest.mark.parametrize("make", block_engines.CANDIDATES, ids=lambda make: make.__name__)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_dense_engine_computes_the_blocks_linear(dtype: torch.dtype) -> None:
+def test_a_library_engine_computes_the_blocks_linear(make, dtype: torch.dtype) -> None:
     layer, method = _block_linear(dtype)
     x = torch.randn(12, 96).to(dtype)
     blocks = layer(x)
-    if not method.use_dense(dtype, 8, None):
-        pytest.skip(f"oneDNN cannot pack {dtype} on this CPU")
+    engine = make(method.row_blocks(), method.fmt, dtype)
+    if engine is None:
+        pytest.skip(f"{make.__name__} cannot run {dtype} here")
+    method.use_dense(engine, from_rows=8)
     assert torch.equal(layer(x[:7]), blocks[:7])  # below the threshold: the blocks, bit for bit
-    dense = layer(x).float()
-    want = x.double() @ method.dense_weight(torch.float64).T
-    # The blocks' error is the 8-bit activations' (half a step of max|x|/127 per value); the dense
-    # engine's, the dtype's rounding of x and of its products (bf16: 2^-8 of each).
-    bound = (x.double().abs() @ method.dense_weight(torch.float64).abs().T) * (2**-7 if dtype == torch.bfloat16
-                                                                                else 1e-5)
-    assert ((dense.double() - want).abs() <= bound + 1e-6).all()
-    assert method.nbytes == method.grouped.numel() + 40 * 96 * dtype.itemsize
+    weight = gb.dequantize(method.row_blocks(), method.fmt).double()
+    want = x.double() @ weight.T
+    # A library engine rounds x, the products and (int4pack) its scales to the activations'
+    # dtype: bf16 to 2^-8 of each, so 2^-7 of the terms' magnitudes bounds both; fp32 sums stay
+    # far inside 1e-5 of them at these 96 terms.
+    unit = 2**-7 if dtype == torch.bfloat16 else 1e-5
+    bound = (x.double().abs() @ weight.abs().T) * unit + 1e-6
+    assert ((layer(x).double() - want).abs() <= bound).all()
+    assert method.nbytes == method.grouped.numel() + engine.nbytes
 
 
 def test_by_default_nothing_is_switched_and_the_cascade_is_off(default_model_path: str) -> None:
