@@ -61,19 +61,24 @@ def test_a_library_engine_computes_the_blocks_linear(make, dtype: torch.dtype) -
     assert method.nbytes == method.grouped.numel() + engine.nbytes
 
 
-def test_by_default_nothing_is_switched_and_the_cascade_is_off(default_model_path: str) -> None:
+@pytest.fixture(scope="module")
+def shipped() -> StaticBatch:
+    """The shipped default model as serving loads it (no flags)."""
+    return StaticBatch.create(None, max_total_tokens=512, max_running_requests=2)  # type: ignore[arg-type]
+
+
+def test_by_default_nothing_is_switched_and_the_cascade_is_off(shipped: StaticBatch) -> None:
     """The shipped default: every block linear keeps its blocks alone, our prefill kernel stays,
     the cascade is off; every op and shape has a logged choice that says why."""
-    engine = StaticBatch.create(None, max_total_tokens=512, max_running_requests=2)  # type: ignore[arg-type]
-    choices = engine.runner.loaded.engines
+    choices = shipped.runner.loaded.engines
     gemms = [c for c in choices if c.op == "block GEMM"]
     assert {c.shape.split(" x")[0] for c in gemms} == {"q4_1 576->960", "q4_1 576->576", "q4_1 576->3072",
                                                       "q4_1 1536->576"}
     assert all(c.engine.startswith("blocks-") and c.why for c in gemms)
-    methods = [m.method for m in engine.runner.model.modules() if isinstance(getattr(m, "method", None),
-                                                                            BlockQuantLinearMethod)]
+    methods = [m.method for m in shipped.runner.model.modules() if isinstance(getattr(m, "method", None),
+                                                                             BlockQuantLinearMethod)]
     assert methods and all(m.dense is None for m in methods)
-    backend = engine.runner.backend
+    backend = shipped.runner.backend
     assert isinstance(backend, TorchAttentionBackend) and backend.extend_kernel is not None
     assert not backend.decoder.cascade
     assert [c.engine for c in choices if c.op in ("prefill attention", "decode cascade")] == ["ours", "off"]
