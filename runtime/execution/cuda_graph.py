@@ -70,8 +70,7 @@ def bucket_for(batch_size: int, sizes: list[int]) -> int | None:
 
 def padding_entry(padding_row: int) -> ForwardEntry:
     """A row that computes nothing anyone reads: token 0 at position 0, KV in the reserved slot 0."""
-    return ForwardEntry(row=padding_row, input_ids=[0], prefix_len=0, kv_write=[0], kv_write_start=0,
-                        generated=True)
+    return ForwardEntry(row=padding_row, input_ids=[0], prefix_len=0, kv_write=[0], kv_write_start=0)
 
 
 def pad_entries(entries: list[ForwardEntry], bucket: int, padding_row: int) -> list[ForwardEntry]:

@@ -5,9 +5,10 @@ and /get_server_info shows them (`engines`).
 The ops and their candidates:
 - block GEMM: the linears on GGUF blocks at many rows (prefill chunks, large batches). Ours
   (kernels/csrc/quant_gemm.cpp: 8-bit activation blocks against the weight blocks in integers,
-  AVX-512 VNNI or AVX2), or oneDNN on the blocks dequantized once into a packed copy in the
-  activations' dtype: bf16 runs on the CPU's matrix engine where it has one (AMX tiles on Xeons,
-  AVX-512 BF16 on Zen 4), at the cost of that copy's memory (2 bytes a weight in bf16).
+  AVX-512 VNNI or AVX2), or a library engine on its own copy of the weight
+  (kernels/block_engines.py): oneDNN on the blocks dequantized into the activations' dtype (bf16
+  runs on the CPU's matrix engine where it has one: AMX tiles on Xeons, AVX-512 BF16 on Zen 4;
+  2 bytes a weight), or torch's int4 matmul on the q4 blocks (half a byte a weight).
 - prefill attention: ours (kernels/csrc/prefill_attention.cpp) or torch's (K/V gathered, then a
   GEMM, or SDPA's flash kernel).
 - the decode cascade: decode rows sharing a long KV prefix attend to it once.
@@ -16,8 +17,9 @@ Batch invariance. By default a row's result depends on that row alone, whatever 
 chunked with and whether its prefix came from the cache: each op keeps one engine for every
 shape, ours (each is invariant by construction and tested for it), and the cascade is off; what
 the alternatives measured is still logged, so a user can see what --enable-batch-variance would
-take. With it, the block GEMM switches to oneDNN from the smallest measured row count on which it
-wins (and at every larger one), prefill attention takes the faster engine, and the cascade is on:
+take. With it, the block GEMM switches to the library engine that wins from the smallest measured
+row count on (and at every larger one), prefill attention takes the faster engine, and the cascade
+is on (this module sets it on the backend):
 a row's result then depends on its batch, and greedy tokens may change with it.
 
 Measuring takes a few seconds, so serving measures only with --enable-batch-variance, where it
@@ -38,7 +40,7 @@ from kernels import block_engines
 from kernels.base import ForwardMetadata
 from kernels.kv_pool import KVPool
 from kernels.linear import Linear
-from kernels.quant_linear import BlockQuantLinearMethod
+from kernels.quant_linear import ISA_CODES, BlockQuantLinearMethod
 from kernels.torch_backend import TorchAttentionBackend
 from runtime.contracts.config import ServerConfig
 from runtime.execution.device import cpu_capability
@@ -50,6 +52,7 @@ PREFILL_PROBES = ((256, 0), (128, 1024))  # (new tokens, cached prefix) of one r
 MARGIN = 1.1  # an alternative must be this much faster to be taken
 UNMEASURED = "batch invariance: one engine for every shape (the alternatives: python -m runtime.execution.show_engines)"
 REPEATS = 3  # timed calls per engine and shape, alternating; the fastest counts
+ISA_NAMES = {code: name for name, code in ISA_CODES.items()}
 
 
 @dataclass(frozen=True)
@@ -75,10 +78,12 @@ def choose_engines(model: torch.nn.Module, backend: object, config: ServerConfig
     variance, start = config.enable_batch_variance, time.perf_counter()
     measure = variance if measure is None else measure
     choices = choose_block_gemm(model, variance, measure)
-    if isinstance(backend, TorchAttentionBackend) and backend.extend_kernel is not None:
-        choices.append(choose_prefill_attention(backend, variance, measure))
-    choices.append(Choice("decode cascade", "rows sharing a long KV prefix", "on" if variance else "off",
-                          "--enable-batch-variance" if variance else "batch invariance"))
+    if isinstance(backend, TorchAttentionBackend):
+        if backend.extend_kernel is not None:
+            choices.append(choose_prefill_attention(backend, variance, measure))
+        backend.decoder.cascade = variance
+        choices.append(Choice("decode cascade", "rows sharing a long KV prefix", "on" if variance else "off",
+                              "--enable-batch-variance" if variance else "batch invariance"))
     for choice in choices:
         logger.info("engine: %s", choice.line())
     if measure:
@@ -99,8 +104,7 @@ def choose_block_gemm(model: torch.nn.Module, variance: bool, measure: bool) -> 
     for (fmt, out, inp), methods in by_shape.items():
         shape = f"{fmt} {inp}->{out} x{len(methods)}"
         if not measure:
-            ours = f"blocks-{'avx512' if methods[0].isa_code else 'avx2'}"
-            choices.append(Choice("block GEMM", shape, ours, UNMEASURED))
+            choices.append(Choice("block GEMM", shape, _ours(methods[0]), UNMEASURED))
         else:
             choices.append(_choose_one_gemm(shape, methods, model_dtype(model), variance))
     return choices
@@ -115,7 +119,7 @@ def _choose_one_gemm(shape: str, methods: list[BlockQuantLinearMethod], dtype: t
                      ) -> Choice:
     """Ours, or the library engine (kernels/block_engines.py) that wins from the fewest rows on."""
     probe = methods[0]
-    ours = f"blocks-{'avx512' if probe.isa_code else 'avx2'}"
+    ours = _ours(probe)
     blocks = probe.row_blocks()
     made = [(make, engine) for make in block_engines.CANDIDATES if (engine := make(blocks, probe.fmt, dtype))]
     if not made:
@@ -135,11 +139,15 @@ def _choose_one_gemm(shape: str, methods: list[BlockQuantLinearMethod], dtype: t
     make, engine = made[best]
     extra = 0
     for method in methods:
-        copy = make(method.row_blocks(), method.fmt, dtype)
+        copy = engine if method is probe else make(method.row_blocks(), method.fmt, dtype)
         method.use_dense(copy, from_rows)
         extra += copy.nbytes if copy is not None else 0
     return Choice("block GEMM", shape, f"{ours} below {from_rows} rows, {engine.name} from {from_rows}",
                   f"{measured}; +{extra / 2**20:.0f} MB for its copies")
+
+
+def _ours(method: BlockQuantLinearMethod) -> str:
+    return f"blocks-{ISA_NAMES[method.isa_code]}"
 
 
 def _speedups(method: BlockQuantLinearMethod, engine: block_engines.DenseEngine, dtype: torch.dtype
@@ -170,7 +178,6 @@ def choose_prefill_attention(backend: TorchAttentionBackend, variance: bool, mea
     shape = f"{backend.num_heads} heads over {backend.num_kv_heads} of {backend.head_dim}"
     if not measure:
         return Choice("prefill attention", shape, "ours", UNMEASURED)
-    kernels = backend.extend_kernel
     speedups = [_prefill_speedup(backend, new, prefix) for new, prefix in PREFILL_PROBES]
     measured = ", ".join(f"{new}+{prefix} {s:.2f}x" for (new, prefix), s in zip(PREFILL_PROBES, speedups))
     torch_wins = all(s >= MARGIN for s in speedups)
@@ -178,7 +185,6 @@ def choose_prefill_attention(backend: TorchAttentionBackend, variance: bool, mea
         backend.extend_kernel = None
         return Choice("prefill attention", shape, "torch", f"measured {measured} of ours")
     why = "batch invariance: ours is the same for a row however its prompt is chunked; " if torch_wins else ""
-    backend.extend_kernel = kernels
     return Choice("prefill attention", shape, "ours", f"{why}torch measured {measured} of ours")
 
 

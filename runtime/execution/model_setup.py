@@ -85,7 +85,7 @@ def load_model_for_serving(config: ServerConfig, tp: TensorParallel | None = Non
     max_running = config.max_running_requests or min(max(max_total // 2, 1), CUDA_DEFAULT_MAX_RUNNING)
     width = -(-config.context_length // ps) * ps
     req_to_token = ReqToTokenPool(max_running, width, device)
-    backend = make_backend(config.attention_backend, kv_pool, local, dtype, config.enable_batch_variance)
+    backend = make_backend(config.attention_backend, kv_pool, local, dtype)
     sampler = use_flashinfer_kernels(model) if config.attention_backend == "flashinfer" else None
     engines = choose_engines(model, backend, config) if device.type == "cpu" else []
     resolved = config.replace(max_total_tokens=num_slots - ps, max_running_requests=max_running)
