@@ -1,17 +1,22 @@
 """The prepared device check's Python stages, on dummy weights of real model shapes. Each stage
 runs as its own process under its own time bound (scripts/gpu_check.sh holds the plan):
 
-    compile   FlashInfer's attention modules built ahead of time, timed, archived (gpu_compile.py)
+    compile   the FlashInfer modules the later stages load, built ahead of time and installed where
+              FlashInfer loads them from, timed, archived (gpu_compile.py)
     plan      the host cost of plan() at batch 1/32/256, pinned vs pageable staging (gpu_plan_bench.py)
     backends  FlashInfer against the torch backend, every scenario, logits within a tolerance
     graphs    CUDA-graph replay against eager, logits within a tolerance, every step replayed
-    speed     decode tokens/s at batch 1/32/128/256, graphs off and on, the GPU's idle share
+    speed     decode tokens/s at batch 1/32/128/256, graphs off and on (captured for those batch
+              sizes only), the GPU's idle share
 
     python scripts/gpu_check.py OUT_DIR --stage NAME [--dry-run]   # one stage
     python scripts/gpu_check.py OUT_DIR --summarize                # summary.txt from results.jsonl
 
 --dry-run runs the same code on CPU: tiny shapes, bf16, FlashInfer replaced by the strict stand-ins
-tests/kernels/fake_flashinfer.py and fake_flashinfer_jit.py. Every result is appended to
+tests/kernels/fake_flashinfer.py and fake_flashinfer_jit.py, which model FlashInfer's load path:
+a stage whose calls would compile a module fails (so one stage alone needs the compile stage run
+first over the same FLASHINFER_WORKSPACE_BASE), and each stage reports the modules it loaded, and
+fails on an import the GPU image could not satisfy. Every result is appended to
 OUT_DIR/results.jsonl as soon as it exists (a stage cut short still reports what it did). A
 measurement without a pass/fail criterion (speeds) is "info", never "ok".
 
@@ -26,32 +31,42 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
 import traceback
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 
 import torch  # noqa: E402
 
+from kernels.flashinfer_jit import AttentionLayout  # noqa: E402
 from tests.kernels.backend_scenarios import SCENARIOS, max_logit_error, run_scenario  # noqa: E402
 from tests.runtime.execution.tiny_runner import with_flashinfer_backend, write_config  # noqa: E402
 
-# name: (heads, kv heads, head dim, hidden, intermediate, vocab); layers cut to LAYERS.
+# name: (heads, kv heads, head dim, hidden, intermediate, vocab); layers cut to LAYERS. The dry
+# run's shapes keep the attention layout, so it loads the kernel modules the GPU run loads.
 REAL_SHAPES = {
     "llama-3.2-1b": (32, 8, 64, 2048, 8192, 128256),
     "qwen2.5-7b-group7": (28, 4, 128, 3584, 18944, 152064),
 }
-TINY_SHAPES = {"llama-3.2-1b": (32, 8, 64, 128, 256, 512), "qwen2.5-7b-group7": (14, 2, 64, 128, 256, 512)}
+TINY_SHAPES = {"llama-3.2-1b": (32, 8, 64, 128, 256, 512), "qwen2.5-7b-group7": (28, 4, 128, 128, 256, 512)}
+# The GPU tests' layout (tests/kernels/test_attention_backends.py: 6 heads over 2 KV heads of 64,
+# a group of 3, which decodes on CUDA cores): the gpu_tests stage loads its modules too.
+GPU_TEST_LAYOUTS = (AttentionLayout(6, 2, 64),)
 LAYERS = 4
 # Max |difference| of logits between two bf16 runs (dummy weights give logits of order 1, where a
 # bf16 step is 0.008): padding, split-KV and kernel choice move them by a few such steps.
 LOGIT_TOLERANCE = 0.05
 DECODE_BATCHES = (1, 32, 128, 256)
+# Packages the GPU image lacks and scripts/gpu_wheels.sh does not carry: clients, and what serving
+# needs but the check does not. A stage importing one would fail there.
+ABSENT_ON_GPU_IMAGE = frozenset({"openai", "anthropic", "gguf", "zmq", "orjson", "xgrammar"})
 STAGES = ("compile", "plan", "backends", "graphs", "speed")
 
 
@@ -87,6 +102,11 @@ def summarize(out: Path) -> int:
     failed = sum(r["status"] == "FAIL" for r in records)
     (out / "summary.txt").write_text("".join(summary_line(r) + "\n" for r in records) + f"{failed} failed\n")
     return 1 if failed else 0
+
+
+def attention_layouts() -> list[AttentionLayout]:
+    """Every attention layout a stage runs FlashInfer on: what the compile stage builds for."""
+    return [AttentionLayout(*shape[:3]) for shape in REAL_SHAPES.values()] + list(GPU_TEST_LAYOUTS)
 
 
 def model_folder(root: Path, name: str, dry_run: bool) -> str:
@@ -251,7 +271,8 @@ def measure_decode(report: Report, root: Path, dry_run: bool) -> None:
     for graphs in (False, True):
         runner = make_runner(path, "flashinfer", 1, dry_run, max_running=max(batches), kv_tokens=max(batches) * 600)
         if graphs:
-            runner.init_cuda_graphs(max(batches), capture=not dry_run)
+            init_graphs(runner, batches, capture=not dry_run)
+            report.info("cuda_graph_sizes", sizes=runner.graphs.sizes)
         for batch in batches:
             try:
                 ctx = 512
@@ -266,6 +287,16 @@ def measure_decode(report: Report, root: Path, dry_run: bool) -> None:
                 report.info("decode_speed", cuda_graph=graphs, batch=batch, context=ctx, **timing)
             except Exception as exc:  # noqa: BLE001
                 report.add("decode_speed", False, cuda_graph=graphs, batch=batch, error=f"{type(exc).__name__}: {exc}")
+
+
+def init_graphs(runner: Any, sizes: tuple[int, ...], capture: bool) -> None:
+    """Graphs for exactly `sizes`, the batches measured: ModelRunner.init_cuda_graphs captures every
+    serving bucket up to the largest (35 up to 256, each capture a few forwards), which the speed
+    stage's bound has no room for and would never replay."""
+    from runtime.execution import cuda_graph
+
+    with mock.patch.object(cuda_graph, "capture_batch_sizes", lambda max_bs: sorted(sizes)):
+        runner.init_cuda_graphs(max(sizes), capture=capture)
 
 
 def _timed_decode(runner, batch: int, ctx: int, region: int, steps: int) -> dict[str, float]:
@@ -292,23 +323,48 @@ def run_stage(stage: str, out: Path, dry_run: bool, archives: Path | None) -> in
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         if dry_run:
-            from tests.kernels import fake_flashinfer, fake_flashinfer_jit
-
-            fake_flashinfer.install_module()
-            fake_flashinfer_jit.install_module(root / "flashinfer")
-        if stage == "compile":
-            import gpu_compile
-
-            gpu_compile.run(report, out, archives)
-        elif stage == "plan":
-            import gpu_plan_bench
-
-            path = model_folder(root, "llama-3.2-1b", dry_run)
-            gpu_plan_bench.run(report, make_runner(path, "flashinfer", 1, dry_run, max_running=256,
-                                                   kv_tokens=4096 if dry_run else 256 * 1025 + 16), dry_run)
-        else:
-            {"backends": check_backends, "graphs": check_graphs, "speed": measure_decode}[stage](report, root, dry_run)
+            _install_stand_ins(root)
+        try:
+            _run(stage, report, out, root, dry_run, archives)
+        finally:
+            if dry_run:
+                _report_dry_run(report, stage)
     return 1 if report.failed else 0
+
+
+def _report_dry_run(report: Report, stage: str) -> None:
+    """What the stage's calls loaded through FlashInfer's stand-in, and any import the GPU image
+    could not satisfy (there the stage would fail on it)."""
+    from tests.kernels import fake_flashinfer_jit
+
+    report.info("flashinfer_modules_loaded", stage=stage, names=list(fake_flashinfer_jit.LOADED))
+    absent = sorted(ABSENT_ON_GPU_IMAGE & {name.split(".")[0] for name in sys.modules})
+    if absent:
+        report.add("gpu_image_imports", False, stage=stage, absent_there=absent)
+
+
+def _install_stand_ins(root: Path) -> None:
+    """FlashInfer's stand-ins, their JIT and AOT folders under FLASHINFER_WORKSPACE_BASE (one per
+    check run, as on the GPU machine, where every stage's process shares FlashInfer's folders)."""
+    from tests.kernels import fake_flashinfer, fake_flashinfer_jit
+
+    fake_flashinfer.install_module()
+    fake_flashinfer_jit.install_module(Path(os.environ.get("FLASHINFER_WORKSPACE_BASE") or root / "flashinfer"))
+
+
+def _run(stage: str, report: Report, out: Path, root: Path, dry_run: bool, archives: Path | None) -> None:
+    if stage == "compile":
+        import gpu_compile
+
+        gpu_compile.run(report, out, archives, attention_layouts())
+    elif stage == "plan":
+        import gpu_plan_bench
+
+        path = model_folder(root, "llama-3.2-1b", dry_run)
+        gpu_plan_bench.run(report, make_runner(path, "flashinfer", 1, dry_run, max_running=256,
+                                               kv_tokens=4096 if dry_run else 256 * 1025 + 16), dry_run)
+    else:
+        {"backends": check_backends, "graphs": check_graphs, "speed": measure_decode}[stage](report, root, dry_run)
 
 
 def main() -> int:

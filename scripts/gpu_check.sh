@@ -1,29 +1,41 @@
 #!/usr/bin/env bash
-# The prepared device check for a lent GPU machine (one H200, 16 cores, no network; Python 3.12
-# with CUDA torch, nvcc and ninja preinstalled: no venv, no setup.sh). Stages run cheapest first,
-# each under its own time bound, each writing to OUT_DIR as it finishes, so a run cut short still
-# reports; the bounds add up to the 8-minute plan below (a rerun fits in the same 15 minutes).
+# The prepared device check for a lent GPU machine (one H100 or H200, 16 cores, no network;
+# Python 3.12 with CUDA torch, nvcc and ninja preinstalled: no venv, no setup.sh). Stages run
+# cheapest first, each under its own time bound, each writing to OUT_DIR as it finishes, so a run
+# cut short still reports.
 #
-#   scripts/gpu_wheels.sh                      # here, first: the wheels that machine lacks
-#   scripts/gpu_check.sh OUT_DIR               # there (the run tool carries .gpu-wheels/)
+#   scripts/gpu_wheels.sh [EARLIER_OUT_DIR]    # here, first: the two wheels that machine lacks,
+#                                              # and an earlier run's archives if named
+#   scripts/gpu_check.sh OUT_DIR               # there: one `run` carrying .gpu-wheels, timeout_s 600
 #   scripts/gpu_check.sh --dry-run OUT_DIR     # here, on CPU: every stage's code path with
 #                                              # FlashInfer's stand-ins; part of make test
 #
+# What it costs in device time. A task has 15 minutes in all, start-ups included. A machine takes
+# a minute or more to start, starts only with 4 minutes left, stays warm 30 s after a call and
+# then goes back; one command runs 10 minutes at most; a call carries 64 MiB at most.
+# - A run: a start-up (1-3 min), the stages (at most their bounds' sum below, 8.1 min) and 30 s
+#   warm unless given back at once: 9.6 to 11.6 minutes, leaving 3.4 to 5.4.
+# - A rerun, once the results are read, finds the machine gone: another start-up, then the
+#   stages at their bounds but for the compile, which takes seconds from the first run's
+#   archives: about 4.3 min, so 5.8 to 7.8 minutes in all, more than a run at its bounds leaves.
+#   Both runs fit in the 15 minutes only if their stages together take under 14 minutes less two
+#   start-ups (8 to 12), that is, if the first run ends well inside its bounds. Otherwise a rerun
+#   needs another task's 15 minutes, carrying this run's archives (gpu_wheels.sh OUT_DIR).
+#
 # OUT_DIR gets log.txt (every stage's output), results.jsonl (one record per result, stages
-# included), summary.txt, and aot-*.tar.xz: the FlashInfer modules the compile stage built. Put
-# those in .gpu-wheels/aot/ and a second run loads them instead of compiling (its compile stage
-# then takes seconds).
+# included), summary.txt, and aot-*.tar.xz: the FlashInfer modules the compile stage built.
+# `scripts/gpu_wheels.sh OUT_DIR` puts those in .gpu-wheels/aot/, and a second run loads them
+# instead of compiling (its compile stage then takes seconds).
 set -uo pipefail
 
-# The plan: stage:bound in seconds, in order. The compile bound assumes about 30 s per attention
-# module built alone (FlashInfer issue #1038: 28 s for a decode and 31 s for a prefill module,
-# head_dim 64, on the reporter's GPU machine) and at most 10 s for each of the four one- or
-# two-file modules (norm, rope, silu_and_mul, sampling): 160 s for our eight even if ninja ran
-# them one after another. They build in one ninja run over 16 jobs (about 28 .cu files), for
-# sm_90 only. The other bounds are the dry run's stage times scaled for CUDA start-up (5-10 s per
-# process) plus the work.
-PLAN="environment:20 wheels:40 compile:200 plan:30 backends:60 graphs:45 speed:50 gpu_tests:35"
-PLAN_LIMIT_S=480
+# The plan: stage:bound in seconds, in order. The compile builds 28 .cu files in one ninja run
+# over 16 jobs for sm_90a; 16 of them are FA2 prefill kernel files (8 per head size), long nvcc
+# jobs that run side by side, so the build lasts about one of those after a light job: the bound
+# leaves a third over the longest estimate of that. The other bounds are the dry run's stage
+# times scaled for CUDA start-up (5-10 s per process) plus the real shapes' work. Their sum stays
+# inside one command's 10 minutes with time to summarize.
+PLAN="environment:15 wheels:25 compile:240 plan:30 backends:60 graphs:40 speed:40 gpu_tests:35"
+PLAN_LIMIT_S=490
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DRY=0
@@ -42,7 +54,12 @@ fi
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 WHEELS="$ROOT/.gpu-wheels"
 export MAX_JOBS="${MAX_JOBS:-$(nproc)}"  # FlashInfer's ninja jobs
-# FlashInfer's JIT directory (created at import) and the nvcc it uses.
+# FlashInfer's JIT directory (created at import) and the nvcc it uses. A dry run gets its own, so
+# no earlier run's libraries hide a stage that would compile.
+if [ "$DRY" = 1 ]; then
+    FLASHINFER_WORKSPACE_BASE="$(mktemp -d)"
+    trap 'rm -rf "$FLASHINFER_WORKSPACE_BASE"' EXIT
+fi
 export FLASHINFER_WORKSPACE_BASE="${FLASHINFER_WORKSPACE_BASE:-${TMPDIR:-/tmp}/radixserve-flashinfer}"
 if [ -z "${CUDA_HOME:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then export CUDA_HOME=/usr/local/cuda; fi
 
@@ -60,7 +77,7 @@ wheels() {
     [ "$DRY" = 1 ] && { echo "dry run: the venv has what it needs"; return 0; }
     ls "$WHEELS"/*.whl >/dev/null 2>&1 || { echo "no wheels in $WHEELS: run scripts/gpu_wheels.sh here first"; return 1; }
     if "$PY" -m pip --version >/dev/null 2>&1; then
-        "$PY" -m pip install --quiet --no-index --no-deps --target "$WHEELS/site" "$WHEELS"/*.whl
+        "$PY" -m pip install --quiet --no-index --no-deps --no-compile --target "$WHEELS/site" "$WHEELS"/*.whl
     else  # no pip in the image: a wheel is a zip of what goes into site-packages (the image has ninja)
         echo "no pip: unpacking the wheels"
         "$PY" -c 'import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in sys.argv[2:]]' \

@@ -9,6 +9,10 @@ list to the workspace's device (a graph-mode wrapper copies all into its buffers
 reads). Device indptrs or a host page list are legal but cost a copy per batch: `COPIES` records
 them. Arguments the attention here would silently ignore raise NotImplementedError.
 
+plan() loads the kernel module it needs as FlashInfer's does (the FA2 prefill module, or the
+CUDA-core decode one), through tests/kernels/fake_flashinfer_jit.py's load path when that stand-in
+is installed (the GPU check's dry run); the fused ops load theirs likewise.
+
 Install it with `install(monkeypatch)`; `PLANS` then lists (wrapper kind, the plan's arguments).
 """
 
@@ -25,6 +29,7 @@ import torch.nn.functional as F
 from tests.kernels import fake_flashinfer_checks as check
 from tests.kernels import fake_flashinfer_ops
 from tests.kernels.fake_flashinfer_checks import CUDA_CORE_GROUPS  # noqa: F401 (part of the stand-in's API)
+from tests.kernels.fake_flashinfer_jit import load_for_call, models_loading
 
 PLANS: list[tuple[str, dict[str, Any]]] = []
 WORKSPACES: list[torch.Tensor] = []
@@ -76,8 +81,25 @@ class _Paged:
         check.check_layout(args["kv_indptr"].tolist(), args["last_page_len"].tolist(), len(args["indices"]),
                            args["page_size"], args["qo_indptr"].tolist() if "qo_indptr" in args else None)
         args["indices"] = self._stage(args)
+        self._load_kernels(args)
         PLANS.append((self.kind, given))  # the arguments as handed to plan()
         self.planned = args
+
+    def _load_kernels(self, p: dict[str, Any]) -> None:
+        """prefill.py / decode.py plan: the module of the planned dtypes and head size (no positional
+        encoding, window or soft cap: not_emulated refuses them). The tensor-core decode runs the
+        prefill kernels, its backend "auto" being "fa2" for 16-bit KV."""
+        common = (p["q_data_type"], p["kv_data_type"], p["o_data_type"], torch.int32, p["head_dim"], p["head_dim"],
+                  0, False, False)
+        if not models_loading():
+            return
+        if self.kind == "decode" and not p["use_tensor_cores"]:
+            load_for_call("flashinfer.decode.get_batch_decode_module", *common)
+            return
+        backend = "fa2" if self.kind == "decode" else self._backend
+        if backend == "auto":  # determine_attention_backend: fa3 on Hopper, a module our build lacks
+            raise NotImplementedError("the FlashInfer stand-in loads prefill modules for backend='fa2' only")
+        load_for_call("flashinfer.prefill.get_batch_prefill_module", backend, *common, False)
 
     def _to_host(self, name: str, t: torch.Tensor) -> torch.Tensor:
         """decode.py _plan_impl / prefill.py plan read these on the host (`.to("cpu")`): for a

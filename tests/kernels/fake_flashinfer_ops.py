@@ -2,12 +2,15 @@
 rope.py, sampling.py), with their signatures and the checks they make, computed in torch the way
 the kernels compute: fp32 inside, one rounding to the activation dtype (the sampler: an exact draw
 from the jointly filtered distribution, per-row Philox streams standing as per-row generators).
-tests/kernels/fake_flashinfer.py puts them on the stand-in module."""
+Each first loads its kernel module as FlashInfer's does (a no-op unless the JIT stand-in is
+installed). tests/kernels/fake_flashinfer.py puts them on the stand-in module."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from tests.kernels.fake_flashinfer_jit import load_for_call
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)  # DISPATCH_PYTORCH_DTYPE_TO_CTYPE_FP16
 
@@ -24,6 +27,7 @@ def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 def rmsnorm(input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None,
             enable_pdl: bool | None = None) -> torch.Tensor:
+    load_for_call("flashinfer.norm.get_norm_module")
     _check_half("rmsnorm", input)
     if input.dim() not in (2, 3) or input.stride(-1) != 1 or weight.shape != input.shape[-1:]:
         raise ValueError(f"rmsnorm: input {tuple(input.shape)}, weight {tuple(weight.shape)}")
@@ -37,6 +41,7 @@ def rmsnorm(input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: t
 def fused_add_rmsnorm(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
                       enable_pdl: bool | None = None) -> None:
     """residual += input; input = norm(residual) * weight (both in place)."""
+    load_for_call("flashinfer.norm.get_norm_module")
     _check_half("fused_add_rmsnorm", input)
     if input.dim() != 2 or input.shape != residual.shape or not (input.is_contiguous() and residual.is_contiguous()):
         raise ValueError(f"fused_add_rmsnorm: input {tuple(input.shape)}, residual {tuple(residual.shape)}")
@@ -49,6 +54,7 @@ def fused_add_rmsnorm(input: torch.Tensor, residual: torch.Tensor, weight: torch
 
 def silu_and_mul(input: torch.Tensor, out: torch.Tensor | None = None, enable_pdl: bool | None = None
                  ) -> torch.Tensor:
+    load_for_call("flashinfer.activation.get_act_and_mul_module", "silu")
     _check_half("silu_and_mul", input)
     if input.shape[-1] * input.dtype.itemsize % 16 != 0:
         raise ValueError("The pointers must be multiple of 16 bytes.")
@@ -62,6 +68,7 @@ def silu_and_mul(input: torch.Tensor, out: torch.Tensor | None = None, enable_pd
 
 def apply_rope_with_cos_sin_cache_inplace(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
                                           head_size: int, cos_sin_cache: torch.Tensor, is_neox: bool = True) -> None:
+    load_for_call("flashinfer.rope.get_rope_module")
     if cos_sin_cache.dtype != torch.float32:
         raise ValueError("cos_sin_cache should be float32")
     if positions.dtype not in (torch.int32, torch.int64) or positions.shape != query.shape[:1] != key.shape[:1]:
@@ -87,6 +94,7 @@ def top_k_top_p_sampling_from_probs(
 ) -> torch.Tensor:
     """int32 [B] samples; "joint": a token is kept iff among the row's top_k and the mass before
     it (in descending order) is under top_p. Like the kernel it runs on probabilities."""
+    load_for_call("flashinfer.sampling.get_sampling_module")
     with torch._C.DisableTorchFunction():  # the kernel's own work, hidden from the sync recorders
         return _sample(probs, top_k, top_p, indices, filter_apply_order, generator, seed, offset, return_valid)
 
