@@ -1,23 +1,42 @@
 #!/usr/bin/env bash
-# Fetch here, into the ignored .gpu-wheels/, the wheels the lent GPU machine lacks (it has Python
-# 3.12, CUDA torch, nvcc, aiohttp, uvloop, transformers and safetensors, and no network), so
-# `run` can carry them there (64 MiB at most) and scripts/gpu_check.sh installs them offline.
-#   scripts/gpu_wheels.sh
+# Fetch here, into the ignored .gpu-wheels/, the two wheels the lent GPU machine lacks for the
+# check, so `run` can carry them there and scripts/gpu_check.sh installs them offline:
+# flashinfer-python and the apache-tvm-ffi it needs, pinned. Everything else `import flashinfer`
+# and the check import is in that machine's image (torch, numpy, nvidia-ml-py, requests, tqdm,
+# packaging, jinja2, filelock, ninja, pytest), and nothing else is needed on the check's path:
+# no pyzmq, orjson or xgrammar (tests/scripts/test_gpu_check.py follows the imports).
+#   scripts/gpu_wheels.sh [--dry-run] [EARLIER_OUT_DIR]
+# The folder is cleared first, so nothing stale travels. EARLIER_OUT_DIR: a check run's OUT_DIR,
+# whose aot-*.tar.xz go to .gpu-wheels/aot/ (the compile stage then loads instead of building).
+# --dry-run prints the downloads instead of running them. GPU_WHEELS_DIR overrides the folder.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-OUT="$ROOT/.gpu-wheels"
 PY="${PYTHON:-$ROOT/.venv/bin/python}"
-# The versions the GPU code was written against (pyproject's gpu extra pins the same flashinfer).
-FLASHINFER="flashinfer-python==0.6.18.post1"
-# Ours, then flashinfer's declared needs that the fa2 / CUDA-core paths import. nvidia-cutlass-dsl
-# (hundreds of MB; imported only for backend="cute-dsl") and the prebuilt kernel packages are left
-# out: the kernels are JIT-built there with its nvcc.
-PACKAGES=(pyzmq orjson xgrammar "$FLASHINFER" "apache-tvm-ffi>=0.1.6,<0.2" ninja einops click tabulate
-          nvidia-ml-py "packaging>=24.2" tqdm requests nvidia-cudnn-frontend)  # numpy: with transformers
+DRY=0
+if [ "${1:-}" = "--dry-run" ]; then DRY=1; shift; fi
+EARLIER="${1:-}"
+OUT="${GPU_WHEELS_DIR:-$ROOT/.gpu-wheels}"
+# flashinfer-python as pyproject's gpu extra pins it; apache-tvm-ffi within its requirement
+# (>=0.1.6,<0.2, not 0.1.8): the version our CPU venv runs.
+PINS=(flashinfer-python==0.6.18.post1 apache-tvm-ffi==0.1.15.post2)
+# Of the 64 MiB a call carries, the working tree keeps the rest.
+LIMIT_MIB=56
+
+rm -rf "$OUT"
 mkdir -p "$OUT"
-for pkg in "${PACKAGES[@]}"; do
-    "$PY" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
-        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-        --dest "$OUT" "$pkg"
+for pin in "${PINS[@]}"; do
+    cmd=("$PY" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp
+         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
+         --dest "$OUT" "$pin")
+    if [ "$DRY" = 1 ]; then echo "would run: ${cmd[*]}"; else "${cmd[@]}"; fi
 done
-du -ch "$OUT"/*.whl | tail -1
+if [ -n "$EARLIER" ]; then
+    archives=("$EARLIER"/aot-*.tar.xz)
+    [ -e "${archives[0]}" ] || { echo "gpu_wheels: no aot-*.tar.xz in $EARLIER" >&2; exit 1; }
+    mkdir -p "$OUT/aot"
+    cp "${archives[@]}" "$OUT/aot/"
+fi
+[ "$DRY" = 1 ] || [ "$(ls "$OUT"/*.whl | wc -l)" = "${#PINS[@]}" ] || { echo "gpu_wheels: expected ${#PINS[@]} wheels in $OUT" >&2; exit 1; }
+size=$(du -sb "$OUT" | cut -f1)
+echo "gpu_wheels: $OUT holds $(awk -v b="$size" 'BEGIN { printf "%.1f", b / 1048576 }') MiB of ${LIMIT_MIB} MiB"
+[ "$size" -le $((LIMIT_MIB << 20)) ] || { echo "gpu_wheels: over ${LIMIT_MIB} MiB: leave some archives out" >&2; exit 1; }
