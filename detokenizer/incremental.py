@@ -14,9 +14,11 @@ surround. Otherwise the text before the trailing U+FFFD run is stable (UTF-8 is
 self-synchronising) and may already be emitted; `_win_sent` counts how much of it was.
 
 Text is emitted append-only. Text that could still grow into a stop string is held back in
-`_unsent`; at most `max(len(stop)) - 1` characters of it, so the stop search stays
-O(window + stop length). A stop match cannot start before the emitted point, because every
-emission holds back the longest suffix that is a proper prefix of some stop string.
+`_unsent`; at most `max(len(stop)) - 1` characters of it. Whether a stop string ended the
+request is decided once, by the scheduler (`scheduler/finish.py`), which sends the final ids
+with the stop it matched; the text is cut there. It cannot start before the emitted point: the
+scheduler stops at the first token that completes a stop string, and every emission holds back
+the longest suffix that is a proper prefix of some stop string.
 
 This module is pure: no torch, no zmq, no transformers.
 """
@@ -28,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, cast
 
-from runtime.contracts.stop import find_stop, partial_stop_suffix_len
+from runtime.contracts.stop import partial_stop_suffix_len
 
 SURROUND_TOKENS = 5
 """Prompt tokens kept as left context for the first output tokens (SGLang's value)."""
@@ -64,10 +66,9 @@ class DecodeState:
     ends in a U+FFFD from an incomplete UTF-8 sequence (it is released once the bytes
     complete, or at the final feed); no text that is later cut is ever emitted.
 
-    Stop strings: the first occurrence (earliest position, then longest) ends the text,
-    excluding the stop string, or including it when `no_stop_trim`. `matched_stop` then
-    names it and later feeds return "" (the scheduler finishes the request on its own
-    detection with `find_stop`). A partial stop prefix held back is released at finish.
+    Stop strings: the final feed names the stop the scheduler matched (`matched_stop`); the
+    text ends before it, or after it when `no_stop_trim`. A partial stop prefix held back is
+    released at a finish that matched no stop string.
     """
 
     def __init__(
@@ -98,7 +99,8 @@ class DecodeState:
         self.finished = False
 
     def feed(
-        self, new_ids: Sequence[int], finished: bool = False, *, trim_last_token: bool = False
+        self, new_ids: Sequence[int], finished: bool = False, *, trim_last_token: bool = False,
+        matched_stop: str | None = None,
     ) -> str:
         """Add output ids and return the new text to emit (possibly "").
 
@@ -108,11 +110,13 @@ class DecodeState:
             trim_last_token: the request finished on a stop token (EOS, stop_token_ids);
                 the last id of `new_ids` is that token and is not decoded. Equivalent to
                 the caller leaving it out.
+            matched_stop: with `finished`, the stop string the scheduler found at the output's
+                end (one of the request's stops); the text is cut at it.
         Raises:
             ValueError: a feed after the final one, or `trim_last_token` without a final
                 feed that carries the token.
         """
-        if not self._accept(new_ids, finished, trim_last_token):
+        if not self._accept(new_ids, finished, trim_last_token, matched_stop):
             return ""
         surr_ids, all_ids = self._decode_inputs()
         return self._advance(self._decode(surr_ids), self._decode(all_ids))
@@ -124,18 +128,21 @@ class DecodeState:
             spaces_between_special_tokens=self.options.spaces_between_special_tokens,
         )
 
-    def _accept(self, new_ids: Sequence[int], finished: bool, trim_last_token: bool) -> bool:
-        """Record the ids; return whether a decode step is needed."""
+    def _accept(self, new_ids: Sequence[int], finished: bool, trim_last_token: bool,
+                matched_stop: str | None = None) -> bool:
+        """Record the ids and the scheduler's verdict; return whether a decode step is needed."""
         if self.finished:
             raise ValueError("feed after the final feed")
+        if matched_stop is not None:
+            if not finished or matched_stop not in self.options.stop:
+                raise ValueError("matched_stop names one of the request's stops, on its final feed")
+            self.matched_stop = matched_stop
         ids = list(new_ids)
         if trim_last_token:
             if not finished or not ids:
                 raise ValueError("trim_last_token needs a final feed that carries the stop token")
             ids.pop()
         self.finished = finished
-        if self.matched_stop is not None:
-            return False
         self._ids.extend(ids)
         return bool(ids) or finished
 
@@ -151,7 +158,7 @@ class DecodeState:
         unsent = self._unsent + printable[self._win_sent :]
         delta = self._emittable(unsent)
         self.emitted_len += len(delta)
-        if self.matched_stop is not None or self.finished:
+        if self.finished:
             self._ids, self._read, self._unsent = [], 0, ""
         elif commit:
             self._ids = self._ids[self._read :]
@@ -165,17 +172,16 @@ class DecodeState:
         return delta
 
     def _emittable(self, unsent: str) -> str:
-        """The prefix of `unsent` that is safe to emit now; sets `matched_stop`."""
+        """The prefix of `unsent` that is safe to emit now: all of it once finished (cut at the
+        scheduler's stop), else all but a possible start of a stop string."""
         stops = self.options.stop
-        if not stops:
+        if self.matched_stop is not None:
+            at = unsent.find(self.matched_stop)
+            if at >= 0:
+                return unsent[: at + (len(self.matched_stop) if self.options.no_stop_trim else 0)]
+        if self.finished or not stops:
             return unsent
-        match = find_stop(unsent, stops)
-        if match is not None:
-            self.matched_stop = match.stop
-            end = match.pos + (len(match.stop) if self.options.no_stop_trim else 0)
-            return unsent[:end]
-        hold = 0 if self.finished else partial_stop_suffix_len(unsent, stops)
-        return unsent[: len(unsent) - hold]
+        return unsent[: len(unsent) - partial_stop_suffix_len(unsent, stops)]
 
 
 class DecodeStateTable:
@@ -226,6 +232,7 @@ class DecodeStateTable:
         trim_last_token: Sequence[bool] | None = None,
         prompt_tails: Sequence[Sequence[int] | None] | None = None,
         options: Sequence[DecodeOptions | None] | None = None,
+        matched_stops: Sequence[str | None] | None = None,
     ) -> list[str]:
         """Feed one batch message (parallel lists); return the delta of each request.
 
@@ -247,7 +254,8 @@ class DecodeStateTable:
             else:
                 self._states.move_to_end(rid)
             trim = trim_last_token[i] if trim_last_token is not None else False
-            if state._accept(new_ids[i], finished[i], trim):
+            matched = matched_stops[i] if matched_stops is not None else None
+            if state._accept(new_ids[i], finished[i], trim, matched):
                 opts = state.options
                 key = (opts.skip_special_tokens, opts.spaces_between_special_tokens)
                 groups.setdefault(key, []).append((i, state))

@@ -1,6 +1,6 @@
 """The detokenizer process: BatchTokenOut (token id deltas) in, BatchStrOut (text deltas) out.
 
-Sockets (ARCHITECTURE §1; the receiving side binds):
+Sockets (docs/architecture.md, "The processes"; the receiving side binds):
     PULL  bind     "detokenizer"   BatchTokenOut from the scheduler, ShutdownReq from the launcher
     PUSH  connect  "tokenizer"     BatchStrOut, and SchedulerCrashed if this process dies
 
@@ -53,25 +53,29 @@ class DetokenizerManager:
         ]
         options = self._new_options(out)
         reasons = list(out.finished_reasons)
+        matched = [_matched_stop(reason) for reason in reasons]
         if len(set(out.rids)) == len(out.rids):
             try:
                 texts = self.table.feed_batch(out.rids, out.new_ids, finished, trim_last_token=trim,
-                                              prompt_tails=out.decode_prefix, options=options)
+                                              prompt_tails=out.decode_prefix, options=options,
+                                              matched_stops=matched)
                 return self._str_out(out, texts, reasons)
             except Exception:
                 logger.exception("decoding a batch failed; decoding its requests one by one")
-        texts = [self._feed_one(out, i, finished[i], trim[i], options[i], reasons) for i in range(len(out.rids))]
+        texts = [self._feed_one(out, i, finished[i], trim[i], options[i], reasons, matched[i])
+                 for i in range(len(out.rids))]
         return self._str_out(out, texts, reasons)
 
-    def _feed_one(self, out: BatchTokenOut, i: int, finished: bool, trim: bool,
-                  options: DecodeOptions | None, reasons: list[dict[str, Any] | None]) -> str:
+    def _feed_one(self, out: BatchTokenOut, i: int, finished: bool, trim: bool, options: DecodeOptions | None,
+                  reasons: list[dict[str, Any] | None], matched: str | None) -> str:
         """Request i's text alone; on an inconsistency its state is dropped and it is failed."""
         rid = out.rids[i]
         try:
             if out.rids.index(rid) != i:
                 raise ValueError(f"rid {rid} appears twice in one step")
             return self.table.feed_batch([rid], [out.new_ids[i]], [finished], trim_last_token=[trim],
-                                         prompt_tails=[out.decode_prefix[i]], options=[options])[0]
+                                         prompt_tails=[out.decode_prefix[i]], options=[options],
+                                         matched_stops=[matched])[0]
         except Exception as exc:
             logger.error("request %s: its output could not be decoded (%r); failing it", rid, exc)
             self.table.discard(rid)
@@ -194,3 +198,10 @@ def _report_crash(loop: _DetokenizerLoop | None, ipc_path: str, tb: str) -> None
         ctx.term()
     except Exception:
         logger.exception("could not report the crash to the main process")
+
+
+def _matched_stop(reason: dict[str, Any] | None) -> str | None:
+    """The stop string the scheduler matched, when that ended the request (a stop token's
+    `matched` is its id, an int)."""
+    matched = reason.get("matched") if reason is not None and reason.get("type") == "stop" else None
+    return matched if isinstance(matched, str) else None

@@ -76,7 +76,7 @@ class Admission:
                 req.admitted_at = time.monotonic()
             if not req.output:  # a retracted request's re-admission is not a prompt cache hit
                 req.cached_tokens = len(match.indices)
-            self.queues.waiting.remove(req)
+            self.queues.admitted(req)
 
     def fits_now(self, req: Req) -> bool:
         """Would `req` be admitted if it were first in the queue (a row, then its KV)?"""

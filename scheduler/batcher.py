@@ -60,13 +60,13 @@ class Batcher:
         adder = self.admission.new_adder()
         chunked = q.chunked
         if chunked is not None and not adder.try_add(chunked, [], len(chunked.fill_ids) - chunked.computed):
-            q.chunked = None  # running requests grew into its room: it waits like the others
+            q.set_chunked(None)  # running requests grew into its room: it waits like the others
             self.retractor.retract(chunked)
         if q.chunked is None:
             self.admission.admit_waiting(adder)
         if not adder.admitted:
             return None
-        q.chunked = adder.new_chunked
+        q.set_chunked(adder.new_chunked)
         batch = ScheduledBatch(is_prefill=True)
         for req, extend in adder.admitted:
             ok = self.ledger.extend(req, extend)

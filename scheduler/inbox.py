@@ -67,7 +67,7 @@ class Inbox:
         """Move requests whose grammar compiled to the waiting queue; reject failed ones."""
         q = self.queues
         ready, failed = q.grammars.poll()
-        q.waiting.extend(ready)
+        q.enqueue(ready)
         for req, error in failed:
             self.lifecycle.reject(req, error.message, error.param)
         if q.grammars.pending and not q.has_batchable:
@@ -89,14 +89,16 @@ class Inbox:
             return
         self.lifecycle.track(req)
         if not self.queues.grammars.submit(req):
-            self.queues.waiting.append(req)
+            self.queues.enqueue([req])
 
     def _refusal(self, req: Req) -> str | None:
-        """Why `req` can never run (None: it can); caps max_new_tokens to the context's room."""
-        room = self.context_len - len(req.prompt)
-        if not req.prompt or room < 0:
-            return f"the prompt has {len(req.prompt)} tokens; the context holds {self.context_len}"
-        req.sampling.max_new_tokens = min(req.sampling.max_new_tokens, room)
+        """Why `req` can never run (None: it can). NOTE: the main process decides whether a
+        request fits the context (tokenizer/limits.py) and sends only those that do; this is
+        the scheduler's own guard, and it refuses rather than rewrite the client's max_new_tokens."""
+        tokens = len(req.prompt) + req.sampling.max_new_tokens
+        if not req.prompt or tokens > self.context_len:
+            return (f"the prompt's {len(req.prompt)} tokens and max_new_tokens {req.sampling.max_new_tokens} "
+                    f"exceed the context of {self.context_len}")
         need = pages(len(req.prompt) + req.sampling.max_new_tokens, self.ledger.page_size)
         total = self.ledger.cache.total
         if need > total:

@@ -47,13 +47,13 @@ class Lifecycle:
     def reject(self, req: Req, message: str, param: str | None = None) -> None:
         """Refuse a request before it ran; with `param`, the client gets a 400 naming it."""
         req.abort(message, param)
-        self.queues.finished_out.append(req)
+        self.queues.ended(req)
 
     def finish_now(self, req: Req, message: str) -> None:
         """Abort a request that is in no queue: free exactly what it holds, report it once."""
         req.abort(message)
         self.ledger.release(req)
-        self.queues.finished_out.append(req)
+        self.queues.ended(req)
 
     def abort(self, reqs: list[Req], message: str) -> None:
         """Abort these requests wherever they are: the grammar queue, waiting, mid-chunk,

@@ -43,9 +43,8 @@ class Outbox:
 
     def send(self, batch: ScheduledBatch | None) -> None:
         """Report the requests ended outside a forward and those of `batch` that have news."""
-        candidates = dict.fromkeys([*self.queues.finished_out, *(batch.reqs if batch else [])])
+        candidates = dict.fromkeys([*self.queues.take_ended(), *(batch.reqs if batch else [])])
         reqs = [r for r in candidates if has_news(r, self.stream_interval)]
-        self.queues.finished_out = []
         for req in reqs:
             if req.finished:
                 self.lifecycle.forget(req)

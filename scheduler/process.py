@@ -1,6 +1,6 @@
 """The scheduler process: load the model, wire the sockets, report ready, run the loop.
 
-Sockets (ARCHITECTURE §1; the receiving side binds):
+Sockets (docs/architecture.md, "The processes"; the receiving side binds):
     PULL  bind     "scheduler"     GenerateReq, AbortReq, FlushCacheReq, GetStateReq, ShutdownReq
     PUSH  connect  "detokenizer"   one BatchTokenOut per forward step
     PUSH  connect  "tokenizer"     FlushCacheOut, StateOut, SchedulerCrashed

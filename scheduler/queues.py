@@ -6,7 +6,8 @@
     running            prompt done; decoding one token per step
     finished_out       ended outside a forward (abort, rejection); reported at the next send
 
-A request is in at most one of them. Under overlap a request admitted into a prefill that is
+A request is in at most one of them, and moves between them only through the methods below
+(the one place that writes these lists). Under overlap a request admitted into a prefill that is
 still in flight is in none (the KV ledger's `holding` still has it).
 """
 
@@ -28,6 +29,39 @@ class ReqQueues:
     running: list[Req] = field(default_factory=list)
     chunked: Req | None = None
     finished_out: list[Req] = field(default_factory=list)
+
+    def enqueue(self, reqs: list[Req]) -> None:
+        """New (or grammar-compiled) requests to the back of the waiting queue."""
+        self.waiting.extend(reqs)
+
+    def requeue_first(self, req: Req) -> None:
+        """A retracted request to the front of the waiting queue (its output kept)."""
+        self.waiting.insert(0, req)
+
+    def admitted(self, req: Req) -> None:
+        """`req` left the waiting queue for a prefill."""
+        self.waiting.remove(req)
+
+    def start_running(self, req: Req) -> None:
+        """Its prompt is done: it decodes from now on."""
+        self.running.append(req)
+
+    def stop_running(self, req: Req) -> None:
+        """It finished, or was retracted, while running."""
+        self.running.remove(req)
+
+    def set_chunked(self, req: Req | None) -> None:
+        """The one request mid-way through its prompt's chunks (None: none)."""
+        self.chunked = req
+
+    def ended(self, req: Req) -> None:
+        """It ended outside a forward (an abort, a rejection): reported at the next send."""
+        self.finished_out.append(req)
+
+    def take_ended(self) -> list[Req]:
+        """The requests ended outside a forward since the last send."""
+        ended, self.finished_out = self.finished_out, []
+        return ended
 
     def remove(self, req: Req) -> None:
         """Take `req` out of whichever queue holds it (a no-op where it is not)."""

@@ -11,7 +11,6 @@ KV ownership follows `radix/prefix_cache.py`: `kv[i]` is the KV slot of token i 
 
 from __future__ import annotations
 
-import enum
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -27,12 +26,6 @@ if TYPE_CHECKING:  # xgrammar (and torch with it) loads only once a request has 
     from xgrammar import CompiledGrammar
 
     from scheduler.grammar import GrammarState
-
-
-class ReqState(enum.Enum):
-    WAITING = "waiting"  # in the queue (new or chunked between rounds)
-    RUNNING = "running"  # prompt done; decoding
-    FINISHED = "finished"
 
 
 @dataclass(eq=False)
@@ -53,8 +46,8 @@ class Req:
     priority: int = 0
     arrival: float = field(default_factory=time.monotonic)
 
-    # Progress: where it is, what it produced and how it ended.
-    state: ReqState = ReqState.WAITING
+    # Progress: what it produced and how it ended. (Where it is: the queue that holds it,
+    # `scheduler/queues.py`.)
     output: list[int] = field(default_factory=list)
     finish_reason: dict[str, Any] | None = None
     matched_stop_token: bool = False
@@ -147,7 +140,6 @@ class Req:
     def finish(self, reason: dict[str, Any]) -> None:
         if self.finish_reason is None:
             self.finish_reason = reason
-        self.state = ReqState.FINISHED
 
     def abort(self, message: str, param: str | None = None) -> None:
         """Finish with finish_reason abort; `param`: a bad field of the request (the main process

@@ -12,7 +12,7 @@ from scheduler.finish import check_finished
 from scheduler.interfaces import StepResult
 from scheduler.kv_ledger import KVLedger
 from scheduler.queues import ReqQueues
-from scheduler.request import Req, ReqState
+from scheduler.request import Req
 from scheduler.speculative import Speculator
 
 
@@ -66,12 +66,11 @@ class ResultProcessor:
         """A finished request lets go of its KV; a finished prompt starts running."""
         if req.finished:
             if not prefill:
-                self.queues.running.remove(req)
+                self.queues.stop_running(req)
             self.ledger.release(req)
         elif prefill:
             self.ledger.cache_unfinished(req)
-            req.state = ReqState.RUNNING
-            self.queues.running.append(req)
+            self.queues.start_running(req)
 
     def append_token(
         self, req: Req, token: int, result: StepResult, i: int, logprobs: list[float] | None

@@ -15,7 +15,7 @@ from scheduler.kv_ledger import KVLedger
 from scheduler.lifecycle import Lifecycle
 from scheduler.priority import PriorityRules
 from scheduler.queues import ReqQueues
-from scheduler.request import Req, ReqState
+from scheduler.request import Req
 from scheduler.retract import NewTokenRatio, pick_victim
 
 
@@ -43,9 +43,8 @@ class Retractor:
     def retract(self, req: Req) -> None:
         """Back to the front of the queue, output kept; its computed KV goes to the cache."""
         self.ledger.release(req)
-        req.state = ReqState.WAITING
         self.retractions += 1
-        self.queues.waiting.insert(0, req)
+        self.queues.requeue_first(req)
 
     def retract_until_decode_fits(self) -> None:
         """Retract the least advanced requests until every other one can decode one more token."""
@@ -80,7 +79,7 @@ class Retractor:
         top, victims = self.urgent_victims()
         while top is not None and victims and not self.admission.fits_now(top):
             victim = victims.pop(0)
-            self.queues.running.remove(victim)
+            self.queues.stop_running(victim)
             victim.preemptions += 1
             self.preemptions += 1
             self.retract(victim)

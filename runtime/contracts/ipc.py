@@ -1,6 +1,6 @@
 """ZMQ PUSH/PULL sockets carrying `runtime.contracts.messages` over `ipc://` paths in a private directory.
 
-The only module that imports zmq. Wiring (ARCHITECTURE.md §1): the *receiving* side binds, senders
+The only module that imports zmq. Wiring (docs/architecture.md, "The processes"): the *receiving* side binds, senders
 connect, so a sender may start before its receiver (ZMQ queues and reconnects).
 
     main process   PULL bind  "tokenizer"    <- detokenizer PUSH, scheduler PUSH (control replies)

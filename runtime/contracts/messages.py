@@ -1,6 +1,6 @@
 """Every message that crosses a process boundary, grouped by destination.
 
-Topology (ARCHITECTURE.md §1): main process -> scheduler -> detokenizer -> main process, plus the
+Topology (docs/architecture.md, "The processes"): main process -> scheduler -> detokenizer -> main process, plus the
 scheduler's control replies straight to the main process. Each message is a small
 `@dataclass(slots=True)` registered with `@message`, so `runtime.contracts.codec` can encode it as a type tag
 plus its fields. Use lists, not tuples, in fields: the wire form is JSON, so a tuple comes back as

@@ -54,10 +54,14 @@ def _chunkings(n: int) -> Iterator[list[int]]:
         yield sizes
 
 
-def _feed_all(state: DecodeState, ids: Sequence[int], sizes: Sequence[int]) -> list[str]:
+def _feed_all(state: DecodeState, ids: Sequence[int], sizes: Sequence[int],
+              matched_stop: str | None = None) -> list[str]:
+    """The deltas of feeding `ids` in chunks of `sizes`, the last one final (naming the stop the
+    scheduler matched, if any)."""
     deltas, pos = [], 0
     for k, size in enumerate(sizes):
-        deltas.append(state.feed(ids[pos : pos + size], finished=k == len(sizes) - 1))
+        last = k == len(sizes) - 1
+        deltas.append(state.feed(ids[pos : pos + size], finished=last, matched_stop=matched_stop if last else None))
         pos += size
     if not sizes:
         deltas.append(state.feed([], finished=True))
@@ -198,18 +202,29 @@ def test_stop_string_cut(
     if no_stop_trim:
         expected = text[: match.pos + len(match.stop)]
     options = DecodeOptions(stop=tuple(stops), no_stop_trim=no_stop_trim)
-    # The scheduler stops at the first token whose text contains a stop string.
+    # The scheduler stops at the first token whose text contains a stop string, and names it.
     stop_at = next(k for k in range(1, len(ids) + 1) if find_stop(tokenizer.decode(ids[:k]), stops))
-    for generated in (ids[:stop_at], ids):
-        for sizes in _chunkings(len(generated)):
-            state = DecodeState(tokenizer, [], options)
-            emitted = ""
-            for delta in _feed_all(state, generated, sizes):
-                emitted += delta
-                # Nothing emitted is later cut: every cumulative text prefixes the answer.
-                assert expected.startswith(emitted)
-            assert emitted == expected
-            assert state.matched_stop == match.stop
+    generated = ids[:stop_at]
+    for sizes in _chunkings(len(generated)):
+        state = DecodeState(tokenizer, [], options)
+        emitted = ""
+        for delta in _feed_all(state, generated, sizes, match.stop):
+            emitted += delta
+            # Nothing emitted is later cut: every cumulative text prefixes the answer.
+            assert expected.startswith(emitted)
+        assert emitted == expected
+        assert state.matched_stop == match.stop
+
+
+def test_a_stop_string_the_scheduler_did_not_stop_at_is_text(tokenizer: Any) -> None:
+    """Before min_new_tokens the scheduler lets a stop string pass: the detokenizer emits it
+    (only the scheduler decides), and cuts at the occurrence the scheduler names at the end."""
+    text = "one STOP two STOP three"
+    ids = _encode(tokenizer, text)
+    second = next(k for k in range(1, len(ids) + 1) if tokenizer.decode(ids[:k]).count("STOP") == 2)
+    state = DecodeState(tokenizer, [], DecodeOptions(stop=("STOP",)))
+    emitted = "".join(_feed_all(state, ids[:second], [1] * second, "STOP"))
+    assert emitted == "one STOP two "
 
 
 def test_unfinished_stop_prefix_is_held_then_released(tokenizer: Any) -> None:
@@ -224,10 +239,16 @@ def test_unfinished_stop_prefix_is_held_then_released(tokenizer: Any) -> None:
 
 def test_no_feed_after_stop_match(tokenizer: Any) -> None:
     state = DecodeState(tokenizer, [], DecodeOptions(stop=("STOP",)))
-    assert state.feed(_encode(tokenizer, "go STOP now")) == "go "
-    assert state.feed(_encode(tokenizer, " more text")) == ""
-    assert state.feed(_encode(tokenizer, "!"), finished=True) == ""
+    assert state.feed(_encode(tokenizer, "go STOP"), finished=True, matched_stop="STOP") == "go "
     assert state.matched_stop == "STOP"
+    with pytest.raises(ValueError, match="after the final"):
+        state.feed(_encode(tokenizer, " more text"))
+
+
+def test_the_scheduler_names_one_of_the_requests_stops_on_its_final_feed(tokenizer: Any) -> None:
+    for finished, stop in ((False, "STOP"), (True, "OTHER")):
+        with pytest.raises(ValueError, match="matched_stop"):
+            DecodeState(tokenizer, [], DecodeOptions(stop=("STOP",))).feed([5], finished, matched_stop=stop)
 
 
 # ---------------------------------------------------------------- special tokens
@@ -312,7 +333,8 @@ def test_decode_cost_bounded_by_window(tokenizer: Any) -> None:
 def test_table_matches_single_states(tokenizer: Any) -> None:
     streams = {
         "a": (_encode(tokenizer, TEXTS[1] + TEXTS[2]), DecodeOptions()),
-        "b": (_encode(tokenizer, STOP_CASES[0][0]), DecodeOptions(stop=("\nUser:",))),
+        "b": (_encode(tokenizer, STOP_CASES[0][0][: STOP_CASES[0][0].index("\nUser:")]),
+              DecodeOptions(stop=("\nUser:",))),
         "c": ([IM_START] + _encode(tokenizer, "hi 🙂") + [IM_END], DecodeOptions(False)),
         "d": (_encode(tokenizer, TEXTS[0]), DecodeOptions()),
     }

@@ -80,7 +80,8 @@ def test_stop_token_is_trimmed_unless_no_stop_trim(tokenizer: Any) -> None:
 
 
 def test_stop_string_is_held_back_then_cut(tokenizer: Any) -> None:
-    ids = tokenizer.encode("one two STOP three")
+    """The scheduler ends the request at the token that completes the stop string, and names it."""
+    ids = tokenizer.encode("one two STOP")
     mgr = DetokenizerManager(tokenizer)
     texts = []
     for k, tok in enumerate(ids):

@@ -168,10 +168,14 @@ def test_requests_that_can_never_run_are_rejected_and_serving_goes_on() -> None:
     assert results["ok"]["ids"] == reference([4, 5, 6], 4)
 
 
-def test_max_new_tokens_is_capped_to_the_context() -> None:
+def test_a_request_past_the_context_is_refused_not_rewritten() -> None:
+    """The main process decides context fit; the scheduler never lowers max_new_tokens."""
     sched, io, _ = make_fake(context_length=20)
-    results = run_workload(sched, io, [("a", list(range(3, 13)), 100)])
-    assert results["a"]["finish"] == {"type": "length", "length": 10}
+    submit(io, "a", list(range(3, 13)), max_new_tokens=100)
+    submit(io, "b", list(range(3, 13)), max_new_tokens=10)
+    results = drive(sched, io)
+    assert results["a"]["finish"]["type"] == "abort" and "context" in results["a"]["finish"]["message"]
+    assert results["b"]["finish"] == {"type": "length", "length": 10}
 
 
 class PendingGrammars:
