@@ -324,21 +324,23 @@ def run_stage(stage: str, out: Path, dry_run: bool, archives: Path | None) -> in
         root = Path(tmp)
         if dry_run:
             _install_stand_ins(root)
+        before = set(sys.modules)  # NOTE: in a test process, earlier tests imported what they use
         try:
             _run(stage, report, out, root, dry_run, archives)
         finally:
             if dry_run:
-                _report_dry_run(report, stage)
+                _report_dry_run(report, stage, before)
     return 1 if report.failed else 0
 
 
-def _report_dry_run(report: Report, stage: str) -> None:
+def _report_dry_run(report: Report, stage: str, before: set[str]) -> None:
     """What the stage's calls loaded through FlashInfer's stand-in, and any import the GPU image
-    could not satisfy (there the stage would fail on it)."""
+    could not satisfy (there the stage would fail on it): the modules the stage itself imported,
+    not those already loaded when it began."""
     from tests.kernels import fake_flashinfer_jit
 
     report.info("flashinfer_modules_loaded", stage=stage, names=list(fake_flashinfer_jit.LOADED))
-    absent = sorted(ABSENT_ON_GPU_IMAGE & {name.split(".")[0] for name in sys.modules})
+    absent = sorted(ABSENT_ON_GPU_IMAGE & {name.split(".")[0] for name in set(sys.modules) - before})
     if absent:
         report.add("gpu_image_imports", False, stage=stage, absent_there=absent)
 

@@ -265,9 +265,10 @@ def test_the_dry_run_fails_a_stage_that_imports_what_the_gpu_image_lacks(tmp_pat
     for name in [n for n in sys.modules if n.split(".")[0] in check.ABSENT_ON_GPU_IMAGE]:
         monkeypatch.delitem(sys.modules, name)  # imported by other tests of this process; put back after
     report = check.Report(tmp_path)
-    check._report_dry_run(report, "plan")
+    before = set(sys.modules)
+    check._report_dry_run(report, "plan", before)
     assert report.failed == 0
     monkeypatch.setitem(sys.modules, "orjson", types.ModuleType("orjson"))  # as if a stage imported it
-    check._report_dry_run(report, "plan")
+    check._report_dry_run(report, "plan", before)
     record = json.loads(report.path.read_text().splitlines()[-1])
     assert (record["kind"], record["ok"], record["absent_there"]) == ("gpu_image_imports", False, ["orjson"])
