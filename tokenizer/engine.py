@@ -23,8 +23,13 @@ from typing import Any, TypeVar
 
 from runtime.contracts.config import ServerConfig, config_from_kwargs
 from runtime.contracts.errors import RuntimeCrashed
+from tokenizer.core.events import Update
+from tokenizer.core.pipeline import generate
 from tokenizer.launch import ChildTarget, Runtime, launch_runtime_with
-from tokenizer.manager import GenerateOutput, TokenizerManager
+from tokenizer.manager import TokenizerManager
+from tokenizer.native.generate import NativeAnswer, parse_generate
+
+GenerateOutput = dict[str, Any] | list[dict[str, Any]]
 
 _T = TypeVar("_T")
 _DONE = object()
@@ -106,7 +111,7 @@ class Engine:
         priority: int | None = None,
         extra_key: str | None = None,
     ) -> GenerateOutput | Iterator[dict[str, Any]]:
-        """Generate, with SGLang's /generate shapes (see `TokenizerManager.generate`).
+        """Generate, with SGLang's /generate shapes (`tokenizer/native/generate.py`).
 
         Returns a result dict (one prompt), a list of them (a batch or n>1), or, with
         `stream=True`, an iterator of cumulative chunks; leaving that iterator early (break,
@@ -129,7 +134,9 @@ class Engine:
 
     async def _open(self, body: dict[str, Any]) -> AsyncIterator[GenerateOutput]:
         # NOTE: on the loop thread: the tokenizer and the request table belong to it.
-        return await self.tokenizer_manager.generate(body)
+        req = parse_generate(body)
+        updates = await generate(self.tokenizer_manager, req)
+        return _outputs(updates, NativeAnswer(req))
 
     def _iterate(self, results: AsyncIterator[GenerateOutput]) -> Iterator[dict[str, Any]]:
         try:
@@ -214,6 +221,19 @@ class Engine:
             raise
 
 
+async def _outputs(updates: AsyncIterator[Update], answer: NativeAnswer) -> AsyncIterator[GenerateOutput]:
+    """SGLang's shapes: a stream's chunks, or the one final result."""
+    try:
+        async for update in updates:
+            for chunk in answer.update(update):
+                if answer.stream:
+                    yield chunk
+        if not answer.stream:
+            yield answer.final()
+    finally:
+        await _aclose(updates)
+
+
 async def _first(results: AsyncIterator[GenerateOutput]) -> GenerateOutput:
     try:
         return await results.__anext__()
@@ -228,7 +248,7 @@ async def _next(results: AsyncIterator[GenerateOutput]) -> Any:
         return _DONE
 
 
-async def _aclose(results: AsyncIterator[GenerateOutput]) -> None:
+async def _aclose(results: AsyncIterator[Any]) -> None:
     aclose = getattr(results, "aclose", None)
     if aclose is not None:
         await aclose()

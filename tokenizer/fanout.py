@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 
 from runtime.contracts.messages import GenerateReq
-from tokenizer.generate_body import SingleRequest
 
 WARMUP_SUFFIX = "_warmup"  # NOTE: "_"-separated, so aborting the parent rid aborts it too
 SEED_LIMIT = 1 << 63  # SamplingParams.seed is in [0, 2**63)
@@ -28,22 +27,24 @@ class Prepared:
     """One validated prompt: its GenerateReq (n children copy it) and its fan-out."""
 
     req: GenerateReq
-    single: SingleRequest
+    label: str  # the client's rid of the prompt
+    group_rid: str | None  # a batch's one rid
     n: int
+    text_in_logprobs: bool = False
+    owner: str = ""  # who may abort it by name
 
     def child_rids(self) -> list[str]:
         return [self.req.rid] if self.n == 1 else [f"{self.req.rid}_{j}" for j in range(self.n)]
 
     def child_labels(self) -> list[str]:
         """The id each child's result reports (the client's rid, suffixed per sample)."""
-        rid = self.single.rid
+        rid = self.label
         return [rid] if self.n == 1 else [f"{rid}_{j}" for j in range(self.n)]
 
     def names(self, label: str) -> tuple[str, ...]:
         """The client names that abort the request labelled `label`: its own, its prompt's and
         its batch's."""
-        group = self.single.group_rid
-        return tuple(dict.fromkeys(n for n in (label, self.single.rid, group) if n is not None))
+        return tuple(dict.fromkeys(n for n in (label, self.label, self.group_rid) if n is not None))
 
     def all_names(self) -> list[str]:
         return list(dict.fromkeys(n for label in self.child_labels() for n in self.names(label)))

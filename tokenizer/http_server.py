@@ -8,14 +8,15 @@ Native (SGLang):  POST /generate, GET /health, GET /health_generate, GET /get_mo
 OpenAI:           GET /v1/models, POST /v1/completions, POST /v1/chat/completions,
                   POST /v1/responses, GET|DELETE /v1/responses/{id}, POST /v1/responses/{id}/cancel
 Anthropic:        POST /v1/messages, POST /v1/messages/count_tokens (errors in Anthropic's shape)
-OpenAPI:          GET /openapi.json (every route's body and answers, this server's bounds)
+OpenAPI:          GET /openapi.json (every route's body, from the field specs, and answers)
 
-Every generating route goes through `streaming.run_generation` (validation, SSE, abort on
-disconnect); every error is an OpenAI error object (`errors.error_middleware`); `browser_guard`
-refuses foreign web pages (Origin, Host, Sec-Fetch) on every route before anything else; with an
-API key (`api_key.resolve_api_key`), `errors.auth_middleware` guards every route but /health.
-Logic lives in native_api.py, openai/protocol.py and openai/api.py; the process lifecycle in
-lifecycle.py.
+Every body is parsed by its protocol's field spec into the one typed request
+(`tokenizer/core/`), and every generating route answers through `streaming.answer_generation`
+(the core's event stream, SSE, abort on disconnect); every error is an OpenAI error object
+(`errors.error_middleware`; Anthropic's on its routes); `browser_guard` refuses foreign web pages
+(Origin, Host, Sec-Fetch) on every route before anything else; with an API key
+(`api_key.resolve_api_key`), `errors.auth_middleware` guards every route but /health. The process
+lifecycle is in lifecycle.py.
 """
 
 from __future__ import annotations
@@ -32,12 +33,16 @@ from tokenizer import browser_guard, native_api, openapi, token_routes
 from tokenizer.anthropic import api as anthropic_api
 from tokenizer.anthropic.errors import error_shape_middleware
 from tokenizer.api_key import resolve_api_key
+from tokenizer.core.pipeline import generate as generate_updates
 from tokenizer.errors import Handler, HTTPError, auth_middleware, error_middleware, error_response
 from tokenizer.metrics import CONTENT_TYPE
-from tokenizer.openai import api as openai_api
+from tokenizer.native.generate import NativeAnswer, parse_generate
+from tokenizer.openai.chat import ChatAnswer, parse_chat
+from tokenizer.openai.completions import CompletionAnswer, CompletionRequest, parse_completion
 from tokenizer.openai.responses import api as responses_api
+from tokenizer.owner import request_owner
 from tokenizer.server_state import Phase, ServerState
-from tokenizer.streaming import json_response, run_generation
+from tokenizer.streaming import answer_generation, json_response, respond
 
 SERVER: web.AppKey[ServerState] = web.AppKey("server", ServerState)
 
@@ -142,10 +147,13 @@ async def _json_body(request: web.Request) -> Any:
 # ---------------------------------------------------------------- native
 
 
+def _owner(request: web.Request) -> str:
+    return request_owner(request.headers)
+
+
 async def generate(request: web.Request) -> web.StreamResponse:
-    body = native_api.check_generate_body(await _json_body(request))
-    renderer = native_api.NativeRenderer(stream=body.get("stream") is True)
-    return await run_generation(request, request.app[SERVER], body, renderer)
+    req = parse_generate(await _json_body(request), _owner(request))
+    return await answer_generation(request, request.app[SERVER], req, NativeAnswer(req))
 
 
 async def health(request: web.Request) -> web.StreamResponse:
@@ -191,7 +199,7 @@ async def flush_cache(request: web.Request) -> web.StreamResponse:
 
 async def abort_request(request: web.Request) -> web.StreamResponse:
     body = await _json_body(request)
-    return json_response(await native_api.abort_request(request.app[SERVER], body))
+    return json_response(await native_api.abort_request(request.app[SERVER], body, _owner(request)))
 
 
 async def metrics(request: web.Request) -> web.StreamResponse:
@@ -205,32 +213,44 @@ async def metrics(request: web.Request) -> web.StreamResponse:
 
 async def list_models(request: web.Request) -> web.StreamResponse:
     server = request.app[SERVER]
-    return json_response(openai_api.models_list(server.model_name, server.created,
-                                                server.config.context_length))
+    card = {"id": server.model_name, "object": "model", "created": server.created, "owned_by": "radixserve",
+            "root": server.model_name, "max_model_len": server.config.context_length}
+    return json_response({"object": "list", "data": [card]})
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
     server = request.app[SERVER]
-    body = await _json_body(request)
-    tm = server.accepting_manager()
-    plan = await openai_api.plan_completion_request(tm, server.config, body, server.model_name)
-    return await run_generation(request, server, plan.body, openai_api.CompletionRenderer(plan))
+    parsed = parse_completion(await _json_body(request), server.model_name, _owner(request))
+    updates = await generate_updates(server.accepting_manager(), parsed.req)
+    try:
+        parsed.echo_texts = await echo_texts(server, parsed)
+    except BaseException:
+        await updates.aclose()  # type: ignore[attr-defined]
+        raise
+    return await respond(request, server, updates, CompletionAnswer(parsed))
+
+
+async def echo_texts(server: ServerState, parsed: CompletionRequest) -> list[str]:
+    """Each prompt's text for `echo` (id prompts decoded: the manager has checked them)."""
+    if parsed.echo is None:
+        return []
+    ids = [p for p in parsed.echo if not isinstance(p, str)]
+    texts = iter(await server.manager().encoder.decode(ids))
+    return [p if isinstance(p, str) else next(texts) for p in parsed.echo]
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     server = request.app[SERVER]
-    body = await _json_body(request)
-    tm = server.accepting_manager()
-    plan = await openai_api.plan_chat_request(tm, server.config, body, server.model_name)
-    renderer = openai_api.ChatRenderer(plan, server.config.reasoning_parser, server.config.tool_call_parser)
-    return await run_generation(request, server, plan.body, renderer)
+    chat = parse_chat(await _json_body(request), server.config, server.model_name, _owner(request))
+    return await answer_generation(request, server, chat.req, ChatAnswer(chat))
 
 
 # ---------------------------------------------------------------- Anthropic
 
 
 async def messages(request: web.Request) -> web.StreamResponse:
-    return await anthropic_api.create_message(request, request.app[SERVER], await _json_body(request))
+    return await anthropic_api.create_message(request, request.app[SERVER], await _json_body(request),
+                                              _owner(request))
 
 
 async def count_tokens(request: web.Request) -> web.StreamResponse:
@@ -255,7 +275,7 @@ async def cancel_response(request: web.Request) -> web.StreamResponse:
 
 
 async def openapi_document(request: web.Request) -> web.StreamResponse:
-    return json_response(openapi.document(openapi.SchemaLimits.of(request.app[SERVER])))
+    return json_response(openapi.document(bool(request.app[SERVER].config.api_key)))
 
 
 # ---------------------------------------------------------------- entry points

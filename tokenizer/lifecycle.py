@@ -1,4 +1,4 @@
-"""The server process from start to exit (ARCHITECTURE.md §1 Lifecycle).
+"""The server process from start to exit (docs/architecture.md, "The processes").
 
 1. Resolve the config and bind the HTTP port first (a busy port fails at once, and /health
    answers 503 "starting" while the model loads).

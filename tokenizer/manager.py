@@ -1,7 +1,8 @@
 """The TokenizerManager: the main process's side of the runtime (SGLang's TokenizerManager).
 
-It tokenizes and validates /generate requests, sends them to the scheduler, and wakes each
-request's waiter when the detokenizer's BatchStrOut arrives. One instance runs on one asyncio
+It tokenizes and checks typed requests (`tokenizer/core/request.py`) against the model's limits,
+sends them to the scheduler, and wakes each request's waiter when the detokenizer's BatchStrOut
+arrives. One instance runs on one asyncio
 loop (the HTTP server's, or the Engine's background loop); nothing here is thread-safe except
 `fail_all_threadsafe`.
 
@@ -10,8 +11,8 @@ loop (the HTTP server's, or the Engine's background loop); nothing here is threa
                                  SchedulerCrashed (scheduler or detokenizer)
 
 Text prompts are encoded with the tokenizer's default `add_special_tokens=True`, as SGLang does.
-A caller that applies a chat template itself should pass the resulting ids (`input_ids`), not its
-text, when the template already contains the BOS token.
+A caller that applies a chat template itself passes the resulting ids, not its text, when the
+template already contains the BOS token (the pipeline does so for chats).
 """
 
 from __future__ import annotations
@@ -40,17 +41,24 @@ from runtime.contracts.messages import (
     StateOut,
 )
 from runtime.contracts.sampling import SamplingParams
-from tokenizer.admission import PromptEncoder, check_admission
+from tokenizer.admission import PromptEncoder, check_admission, max_chars_per_token
+from tokenizer.core.request import ChatInput, GenRequest, PromptRequest
 from tokenizer.fanout import WARMUP_SUFFIX, Prepared
-from tokenizer.generate_body import SingleRequest, normalize_generate
 from tokenizer.labels import InternalRids, LabelIndex
-from tokenizer.limits import RequestLimits, check_grammar, check_prompt_count, check_request
-from tokenizer.request_state import Group, ReqState, apply_output, build_output
+from tokenizer.limits import (
+    RequestLimits,
+    check_grammar,
+    check_prompt_chars,
+    check_prompt_count,
+    check_request,
+    max_new_tokens,
+)
+from tokenizer.request_state import Group, ReqState, StateDelta, apply_output, take_delta
 
 logger = logging.getLogger("radixserve.tokenizer")
 
 CONTROL_TIMEOUT_S = 30.0
-GenerateOutput = dict[str, Any] | list[dict[str, Any]]
+Taken = tuple[int, StateDelta]  # a choice's index and its news
 
 
 class TokenizerManager:
@@ -72,13 +80,13 @@ class TokenizerManager:
         context_length = scheduler_info.get("context_length") or config.context_length
         assert context_length is not None, "the scheduler reports its context length"
         self.context_length: int = context_length
+        # NOTE: the launcher loads it while the children start (`tokenizer.launch.launch_runtime_with`).
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(tokenizer_source(config))
         self.limits = RequestLimits(
             vocab_size=self.vocab_size, context_length=self.context_length,
             kv_total=scheduler_info.get("max_total_tokens"), max_n=config.max_n,
-            max_top_logprobs=config.max_top_logprobs,
+            max_top_logprobs=config.max_top_logprobs, max_chars_per_token=max_chars_per_token(self.tokenizer),
         )
-        # NOTE: the launcher loads it while the children start (`tokenizer.launch.launch_runtime_with`).
-        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(tokenizer_source(config))
         ipc = IpcDir(ipc_path)
         self._ctx = new_context()
         self._to_scheduler = PushSocket(self._ctx, ipc.endpoint("scheduler"), linger_ms=500)
@@ -131,38 +139,55 @@ class TokenizerManager:
 
     # ------------------------------------------------------------ generation
 
-    async def generate(self, body: dict[str, Any]) -> AsyncIterator[GenerateOutput]:
-        """Validate and tokenize a /generate body, and return the iterator of its results.
+    async def submit(self, req: GenRequest) -> AsyncIterator[Taken]:
+        """Check and tokenize `req` (its prompts are text or ids; chats are rendered by the
+        pipeline first), send it, and return the iterator of its news: `(choice, StateDelta)`
+        for every update while streaming, else once per choice when it finishes.
 
-        Everything is checked before anything is sent, so `InvalidRequest` (or `RuntimeCrashed`)
-        raises from this await, before iteration, and a bad prompt in a batch rejects the whole
-        batch. Grammars are checked off the event loop (a guarded worker process): a slow or
-        pathological schema delays only its own request.
-        Iteration yields, for a single prompt with n=1: cumulative chunks while streaming and
-        then the final result (exactly one result without streaming); for a batch or n>1: one
-        list without streaming, or chunks tagged with "index" (prompt-major: i * n + j).
+        Everything is checked before anything is sent, so `InvalidRequest` (named as `req.names`
+        calls the fields) or `RuntimeCrashed` raises from this await, before iteration, and a
+        bad prompt in a batch rejects the whole batch. Grammars are checked off the event loop
+        (a guarded worker process): a slow or pathological schema delays only its own request.
         Closing the iterator early, or cancelling its consumer, aborts what is still running.
         """
         self._check_alive()
-        normalized = normalize_generate(body)
-        field = "input_ids" if body.get("input_ids") is not None else "text"
-        check_prompt_count(len(normalized.requests), self.config.max_prompts_per_request, field)
-        # NOTE: a request counts against the cap from the moment it is admitted, through the
-        # awaits below, until _dispatch_all registers it: concurrent requests cannot all pass.
-        reservation = self._admit(len(normalized.requests), normalized.requests[0].prompt_field)
+        field = req.prompts[0].field
         try:
-            ids = await self.encoder.encode(normalized.requests)
-            prepared = [self._prepare(single, single_ids) for single, single_ids in zip(normalized.requests, ids)]
+            check_prompt_count(len(req.prompts), self.config.max_prompts_per_request, field)
+            # NOTE: a request counts against the cap from the moment it is admitted, through the
+            # awaits below, until _dispatch_all registers it: concurrent requests cannot all pass.
+            reservation = self._admit(len(req.prompts), field)
+        except InvalidRequest as exc:
+            raise exc.renamed(req.names) from None
+        try:
+            ids = await self._encode(req)
+            prepared = [self._prepare(req, p, p_ids) for p, p_ids in zip(req.prompts, ids)]
             reservation = self._admit(sum(len(p.all_rids()) for p in prepared), "n", replacing=reservation)
             for p in prepared:
                 await check_grammar(p.req.sampling_params)
             self._check_alive()  # the runtime may have died while the grammar check ran
             self._check_labels(prepared)
+        except InvalidRequest as exc:
+            reservation.release()
+            raise exc.renamed(req.names) from None
         except BaseException:
             reservation.release()
             raise
-        fan_out = normalized.is_batch or any(p.n > 1 for p in prepared)
-        return self._run(prepared, fan_out, normalized.requests[0].stream, reservation)
+        return self._run(prepared, req.stream, reservation)
+
+    async def _encode(self, req: GenRequest) -> list[list[int]]:
+        """Each prompt's ids: given ids as they are, texts encoded (refused first when their
+        length alone proves they cannot fit)."""
+        texts = [p for p in req.prompts if isinstance(p.prompt, str)]
+        for p in texts:
+            assert isinstance(p.prompt, str)
+            check_prompt_chars(p.field, len(p.prompt), self.limits)
+        encoded = iter(await self.encoder.encode_texts([str(p.prompt) for p in texts]))
+        out = []
+        for p in req.prompts:
+            assert not isinstance(p.prompt, ChatInput), "the pipeline renders chats before submitting"
+            out.append(next(encoded) if isinstance(p.prompt, str) else list(p.prompt))
+        return out
 
     def _admit(self, count: int, field: str, replacing: Reservation | None = None) -> Reservation:
         held = len(self.rid_to_state) + self._reserved - (replacing.count if replacing else 0)
@@ -183,43 +208,35 @@ class TokenizerManager:
         if taken is None and len(set(labels)) != len(labels):
             taken = next(label for label in labels if labels.count(label) > 1)
         if taken is not None:
-            raise InvalidRequest(f"rid {taken!r} is already in use", param="rid")
+            raise InvalidRequest.field("rid", f"{taken[:64]!r} is already in use")
 
-    def _prepare(self, single: SingleRequest, ids: list[int]) -> Prepared:
-        params = SamplingParams.from_dict(single.sampling_params)
-        check_request(single, ids, params, self.limits)
-        timeout = single.timeout or self.config.request_timeout
-        if single.priority is not None and not self.config.enable_priority_scheduling:
-            raise InvalidRequest("priority needs a server started with --enable-priority-scheduling",
-                                 param="priority")
-        req = GenerateReq(
+    def _prepare(self, req: GenRequest, prompt: PromptRequest, ids: list[int]) -> Prepared:
+        sampling = dict(prompt.sampling)
+        given = sampling.get("max_new_tokens") is not None or not req.default_max_tokens
+        params = SamplingParams.from_dict(sampling)
+        params.max_new_tokens = max_new_tokens(params, given, ids, self.limits)
+        check_request(prompt.field, ids, params, prompt.logprobs, self.limits)
+        timeout = req.timeout or self.config.request_timeout
+        if req.priority is not None and not self.config.enable_priority_scheduling:
+            raise InvalidRequest.field("priority", "needs a server started with --enable-priority-scheduling")
+        lp = prompt.logprobs
+        msg = GenerateReq(
             rid=self._rids.next(), input_ids=list(ids), deadline=None if timeout is None else time.time() + timeout,
             sampling_params=dataclasses.replace(params, n=1),
-            return_logprob=single.return_logprob, logprob_start_len=single.logprob_start_len,
-            top_logprobs_num=single.top_logprobs_num, stream=single.stream, extra_key=single.extra_key,
-            priority=single.priority or 0,
+            return_logprob=lp.enabled, logprob_start_len=lp.start_len, top_logprobs_num=lp.top_n,
+            stream=req.stream, extra_key=req.cache_namespace, priority=req.priority or 0,
         )
-        return Prepared(req, single, params.n)
+        return Prepared(msg, prompt.rid, req.group_rid, params.n, lp.with_text, req.owner)
 
-    async def _run(
-        self, prepared: list[Prepared], fan_out: bool, stream: bool, reservation: Reservation
-    ) -> AsyncIterator[GenerateOutput]:
+    async def _run(self, prepared: list[Prepared], stream: bool, reservation: Reservation) -> AsyncIterator[Taken]:
         owned: list[ReqState] = []
         try:
             try:
                 group, states = await self._dispatch_all(prepared, owned)
             finally:
                 reservation.release()  # registered (or failed): rid_to_state counts them now
-            results: list[dict[str, Any]] = [{} for _ in states]
-            async for i, out in self._updates(group, states, stream):
-                if not fan_out:
-                    yield out
-                elif stream:
-                    yield {**out, "index": i}
-                else:
-                    results[i] = out
-            if fan_out and not stream:
-                yield results
+            async for i, delta in self._updates(group, states, stream):
+                yield i, delta
         finally:
             # NOTE: the one place that aborts on cancellation, early close or error.
             self._abort_unfinished(owned)
@@ -230,11 +247,11 @@ class TokenizerManager:
         """Register every state first, then send: warm-up copies (n>1), await them, children."""
         warm_group, group = Group(), Group()
         warm = [self._register(p.warmup_req(), warm_group, owned, False,
-                               p.single.rid + WARMUP_SUFFIX, p.all_names())
+                               p.label + WARMUP_SUFFIX, p.all_names(), p.owner)
                 for p in prepared if p.n > 1]
         children = [
-            (p.req.rid, self._register(p.child_req(j, rid), group, owned, p.single.return_text_in_logprobs,
-                                       label, p.names(label)))
+            (p.req.rid, self._register(p.child_req(j, rid), group, owned, p.text_in_logprobs,
+                                       label, p.names(label), p.owner))
             for p in prepared for j, (rid, label) in enumerate(zip(p.child_rids(), p.child_labels()))
         ]
         for state in warm:
@@ -256,10 +273,11 @@ class TokenizerManager:
 
     def _register(
         self, req: GenerateReq, group: Group, owned: list[ReqState], text_in_logprobs: bool,
-        label: str, names: Sequence[str],
+        label: str, names: Sequence[str], owner: str,
     ) -> ReqState:
         assert req.rid not in self.rid_to_state, f"internal rid {req.rid} made twice"
         state = ReqState.for_request(req, group, text_in_logprobs, label, tuple(names))
+        state.owner = owner
         self.rid_to_state[req.rid] = state
         self.labels.add(req.rid, state.names)
         owned.append(state)
@@ -275,10 +293,8 @@ class TokenizerManager:
         state.sent = True
         self._to_scheduler.send(state.req)
 
-    async def _updates(
-        self, group: Group, states: list[ReqState], stream: bool
-    ) -> AsyncIterator[tuple[int, dict[str, Any]]]:
-        """(index, output) for every finished state, and for each update while streaming."""
+    async def _updates(self, group: Group, states: list[ReqState], stream: bool) -> AsyncIterator[Taken]:
+        """(index, news) for every finished state, and for each update while streaming."""
         remaining = len(states)
         while remaining:
             for i in await group.take():
@@ -287,11 +303,11 @@ class TokenizerManager:
                     raise RuntimeCrashed(state.error)
                 reason = state.finish_reason or {}
                 if reason.get("param"):  # refused by the scheduler for a bad field (a grammar)
-                    raise InvalidRequest(reason.get("message") or "invalid request", param=reason["param"])
+                    raise InvalidRequest.field(reason["param"], reason.get("message") or "invalid request")
                 if state.finished:
                     remaining -= 1
                 if state.finished or stream:
-                    yield i, build_output(state)
+                    yield i, take_delta(state)
 
     def _abort_unfinished(self, owned: list[ReqState]) -> None:
         for state in owned:
@@ -389,27 +405,37 @@ class TokenizerManager:
 
     # ------------------------------------------------------------ control
 
-    async def abort(self, rid: str) -> None:
+    async def abort(self, rid: str, owner: str | None = None) -> None:
         """Abort the live requests that answer to the client rid `rid` (its own, its n>1 samples,
-        a batch's prompts: tokenizer/labels.py); each ends with finish_reason abort."""
+        a batch's prompts: tokenizer/labels.py) and belong to `owner` (None: any); each ends
+        with finish_reason abort."""
         self._check_alive()
         for internal in self.labels.find(rid):
             state = self.rid_to_state[internal]
-            if state.sent:
-                self._to_scheduler.send(AbortReq(rid=internal))
-            else:  # not in the scheduler yet (an n>1 sample waiting for its warm-up): end it here
-                state.finish({"type": "abort", "message": "aborted by request"}, time.perf_counter())
-                self._forget(state)
-                state.group.mark(state.index)
+            if owner is None or state.owner == owner:
+                self._abort_state(state)
+
+    def _abort_state(self, state: ReqState) -> None:
+        if state.sent:
+            self._to_scheduler.send(AbortReq(rid=state.rid))
+        else:  # not in the scheduler yet (an n>1 sample waiting for its warm-up): end it here
+            state.finish({"type": "abort", "message": "aborted by request"}, time.perf_counter())
+            self._forget(state)
+            state.group.mark(state.index)
 
     def check_integrity(self) -> None:
         """The label index agrees with the live requests; nothing is reserved while idle."""
         self.labels.check_integrity({rid: state.names for rid, state in self.rid_to_state.items()})
         assert self._reserved >= 0, f"admission reservations went negative: {self._reserved}"
 
-    async def abort_all(self) -> None:
+    async def abort_all(self, owner: str | None = None) -> None:
+        """Abort every live request of `owner` (None: every request, the runtime's too)."""
         self._check_alive()
-        self._to_scheduler.send(AbortReq(abort_all=True))
+        if owner is None:
+            self._to_scheduler.send(AbortReq(abort_all=True))
+            return
+        for state in [s for s in self.rid_to_state.values() if s.owner == owner]:
+            self._abort_state(state)
 
     async def flush_cache(self) -> bool:
         """Drop the prefix cache; False if the scheduler refused (not idle) or did not answer."""
@@ -450,13 +476,13 @@ class TokenizerManager:
     def apply_chat_template(self, messages: list[dict[str, Any]],
                             tools: list[dict[str, Any]] | None = None, **template_vars: Any) -> str:
         """The prompt text of a chat with the tokenizer's own template, the generation prompt
-        appended. Blocking: the HTTP routes call it off the event loop (`tokenizer.chat_template`).
+        appended. Blocking: the HTTP routes call it off the event loop (`tokenizer.core.chat_template`).
 
         Raises:
             InvalidRequest: a name in `template_vars` is a parameter of the tokenizer's
                 `apply_chat_template` (`chat_template`, `tokenize`, ...), not a template variable.
         """
-        from tokenizer.chat_template import check_template_vars
+        from tokenizer.core.chat_template import check_template_vars
 
         check_template_vars(template_vars)
         return self.tokenizer.apply_chat_template(

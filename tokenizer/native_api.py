@@ -1,8 +1,5 @@
-"""SGLang's native endpoints: what /generate, /health_generate, /get_model_info,
-/get_server_info and /abort_request do beyond HTTP mapping.
-
-/generate bodies go to `TokenizerManager.generate` unchanged: it validates them, grammar
-constraints (`sampling_params.json_schema` as text or an object, `regex`, `ebnf`) included.
+"""SGLang's native endpoints beside /generate (`native/generate.py`): what /health_generate,
+/get_model_info, /get_server_info, /get_load and /abort_request do beyond HTTP mapping.
 """
 
 from __future__ import annotations
@@ -10,47 +7,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from runtime.contracts.config import read_model_json
 from runtime.contracts.errors import InvalidRequest
+from tokenizer import openapi
+from tokenizer.core.events import Update
+from tokenizer.core.pipeline import generate
+from tokenizer.core.request import GenRequest, PromptRequest
+from tokenizer.core.spec import parse
 from tokenizer.metrics import HEALTH_RID_PREFIX
-from tokenizer.streaming import last_result
+from tokenizer.native.spec import AbortBody
 
 if TYPE_CHECKING:
     from tokenizer.server_state import ServerState
 
 HEALTH_TIMEOUT_S = 20.0
-VERSION = "0.1.0"
-
-
-def check_generate_body(body: Any) -> dict[str, Any]:
-    """A /generate body: a JSON object (everything else is checked by the manager)."""
-    if not isinstance(body, dict):
-        raise InvalidRequest("the request body must be a JSON object")
-    return body
-
-
-class NativeRenderer:
-    """SGLang's shapes as they come from the manager: cumulative `text` in every chunk."""
-
-    def __init__(self, stream: bool) -> None:
-        self.stream = stream
-
-    def translate(self, exc: InvalidRequest) -> InvalidRequest:
-        return exc
-
-    def final(self, result: Any) -> Any:
-        return result
-
-    def start(self) -> list[Any]:
-        return []
-
-    def chunks(self, out: dict[str, Any]) -> list[Any]:
-        return [out]
-
-    def end(self) -> list[Any]:
-        return []
 
 
 async def health_generate(server: ServerState) -> bool:
@@ -59,16 +32,23 @@ async def health_generate(server: ServerState) -> bool:
     NOTE: the probe's rid starts with HEALTH_RID_PREFIX, which the metrics skip.
     """
     tm = server.accepting_manager()
-    body = {"input_ids": [0], "rid": f"{HEALTH_RID_PREFIX}{uuid.uuid4().hex}",
-            "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
-    results = await tm.generate(body)
+    prompt = PromptRequest([0], f"{HEALTH_RID_PREFIX}{uuid.uuid4().hex}", {"max_new_tokens": 1, "temperature": 0},
+                           field="input_ids")
+    updates = await generate(tm, GenRequest([prompt]))
     with server.track():
-        async with contextlib.aclosing(results):  # type: ignore[type-var]
+        async with contextlib.aclosing(updates):  # type: ignore[type-var]
             try:
-                out = await asyncio.wait_for(last_result(results), HEALTH_TIMEOUT_S)
+                finished = await asyncio.wait_for(_finished(updates), HEALTH_TIMEOUT_S)
             except TimeoutError:
                 return False
-    return bool(out) and out["meta_info"]["finish_reason"] is not None
+    return finished
+
+
+async def _finished(updates: AsyncIterator[Update]) -> bool:
+    done = False
+    async for update in updates:
+        done = done or update.finished is not None
+    return done
 
 
 def model_info(server: ServerState) -> dict[str, Any]:
@@ -94,7 +74,7 @@ async def server_info(server: ServerState) -> dict[str, Any]:
     tm = server.manager()
     info = await tm.get_server_info()
     server.metrics.prune(tm.rid_to_state)  # requests whose client left are not tracked past here
-    info.update(version=VERSION, status=server.phase.value, served_model_name=server.model_name,
+    info.update(version=openapi.VERSION, status=server.phase.value, served_model_name=server.model_name,
                 requests_in_flight=server.inflight)
     info["tokenizer_state"]["metrics_tracked"] = server.metrics.tracked_requests()
     # The names SGLang's tools read (bench_serving, the router, dashboards).
@@ -120,18 +100,15 @@ async def load(server: ServerState) -> list[dict[str, Any]]:
     }]
 
 
-async def abort_request(server: ServerState, body: Any) -> dict[str, Any]:
-    """/abort_request: `{"rid": str}` (a prefix: n>1 children go too) or `{"abort_all": true}`."""
-    if not isinstance(body, dict):
-        raise InvalidRequest("the request body must be a JSON object")
-    rid, abort_all = body.get("rid"), body.get("abort_all", False)
-    if not isinstance(abort_all, bool):
-        raise InvalidRequest("abort_all must be a boolean", param="abort_all")
+async def abort_request(server: ServerState, body: Any, owner: str) -> dict[str, Any]:
+    """/abort_request: `{"rid": str}` (its n>1 samples and a batch's prompts go too) or
+    `{"abort_all": true}`, each over the caller's own requests only (`owner`)."""
+    parsed = parse(AbortBody, body)
     tm = server.manager()
-    if abort_all:
-        await tm.abort_all()
+    if parsed.abort_all:
+        await tm.abort_all(owner)
         return {"success": True, "abort_all": True}
-    if not isinstance(rid, str) or not rid:
-        raise InvalidRequest("give rid (a non-empty string) or abort_all: true", param="rid")
-    await tm.abort(rid)
-    return {"success": True, "rid": rid}
+    if parsed.rid is None:
+        raise InvalidRequest.field("rid", "give rid (a non-empty string) or abort_all: true")
+    await tm.abort(parsed.rid, owner)
+    return {"success": True, "rid": parsed.rid}

@@ -1,8 +1,11 @@
 """The main process's record of one request (`ReqState`), folded from the detokenizer's
-`BatchStrOut` entries into SGLang's result dict (`build_output`), the wake-up `Group` of one
-generate call, and the logprob shapes of responses: the wire's (runtime/contracts/messages.py) turned into
-SGLang's `[[logprob, token_id, text_or_None], ...]` lists. No sockets: the TokenizerManager
+`BatchStrOut` entries, what its consumer has not taken yet (`take_delta`), the wake-up `Group` of
+one submission, and the logprob shapes of answers: the wire's (runtime/contracts/messages.py)
+turned into `[[logprob, token_id, text_or_None], ...]` lists. No sockets: the TokenizerManager
 owns those.
+
+Everything a state holds only grows (text pieces, ids, logprob entries), and its one consumer
+keeps a cursor into each list, so taking an update costs what is new, never the whole output.
 
 Logprob lists are built on the receive loop when small; from OFFLOAD_DECODE_IDS entries (a long
 prompt's input logprobs with their top-k, each entry decoded to its own text) they are built on
@@ -116,8 +119,9 @@ class ReqState:
     return_text_in_logprobs: bool
     label: str = ""
     names: tuple[str, ...] = ()
+    owner: str = ""  # who may abort it by name (tokenizer/openai/responses/store.py owner_key)
     created: float = field(default_factory=time.perf_counter)
-    text: str = ""
+    pieces: list[str] = field(default_factory=list)  # the output text, as the detokenizer sent it
     output_ids: list[int] = field(default_factory=list)
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -134,6 +138,7 @@ class ReqState:
     input_top_logprobs: list[list[LogprobEntry] | None] | None = None
     output_top_logprobs: list[list[LogprobEntry] | None] | None = None
     folding: asyncio.Task[None] | None = None  # the last logprob fold still running off the loop
+    taken: Cursor = field(default_factory=lambda: Cursor())  # what the consumer has taken
 
     @classmethod
     def for_request(
@@ -182,7 +187,8 @@ def apply_output(state: ReqState, out: BatchStrOut, i: int, now: float, texts: T
     """Fold entry `i` of a BatchStrOut into the state (text and ids accumulate). With `offload`
     (run a job on a worker thread), large logprob lists are built there (`_fold_later`)."""
     new_ids = out.output_ids[i]
-    state.text += out.texts[i]
+    if out.texts[i]:
+        state.pieces.append(out.texts[i])
     state.output_ids.extend(new_ids)
     if new_ids and state.first_token_time is None:
         state.first_token_time = now
@@ -273,27 +279,51 @@ def _no_texts(ids: list[int]) -> list[str | None]:
     return [None] * len(ids)
 
 
-def build_output(state: ReqState) -> dict[str, Any]:
-    """SGLang's /generate result: cumulative `text` and `output_ids`, and `meta_info`.
+@dataclass(slots=True)
+class Cursor:
+    """How much of each growing list of a state its consumer has taken."""
 
-    Lists are copied: the state keeps growing while the consumer holds the dict.
-    """
-    end = state.finished_time if state.finished_time is not None else time.perf_counter()
-    meta: dict[str, Any] = {
-        "id": state.label,
-        "finish_reason": state.finish_reason,
-        "prompt_tokens": state.prompt_tokens,
-        "completion_tokens": state.completion_tokens,
-        "cached_tokens": state.cached_tokens,
-        "e2e_latency": end - state.created,
-    }
+    pieces: int = 0
+    ids: int = 0
+    logprobs: int = 0
+    tops: int = 0
+    input: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class StateDelta:
+    """What a state gained since its consumer's last take: new text, ids and logprob entries,
+    the input logprobs once, and its counts and finish (None while it runs)."""
+
+    text: str
+    ids: list[int]
+    logprobs: list[LogprobEntry] | None
+    tops: list[list[LogprobEntry] | None] | None
+    input: tuple[list[LogprobEntry], list[list[LogprobEntry] | None] | None] | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    finish_reason: dict[str, Any] | None
+    label: str
+    latency: float
+
+
+def take_delta(state: ReqState) -> StateDelta:
+    """The state's news since the last take (cost: the news alone)."""
+    c = state.taken
+    text = "".join(state.pieces[c.pieces:])
+    ids = state.output_ids[c.ids:]
+    c.pieces, c.ids = len(state.pieces), len(state.output_ids)
+    logprobs = tops = inputs = None
     if state.req.return_logprob:
-        meta["input_token_logprobs"] = list(state.input_token_logprobs)
-        meta["output_token_logprobs"] = list(state.output_token_logprobs)
-        meta["input_top_logprobs"] = _copy(state.input_top_logprobs)
-        meta["output_top_logprobs"] = _copy(state.output_top_logprobs)
-    return {"text": state.text, "output_ids": list(state.output_ids), "meta_info": meta}
-
-
-def _copy(values: list[Any] | None) -> list[Any] | None:
-    return None if values is None else list(values)
+        logprobs = state.output_token_logprobs[c.logprobs:]
+        c.logprobs = len(state.output_token_logprobs)
+        if state.output_top_logprobs is not None:
+            tops = state.output_top_logprobs[c.tops:]
+            c.tops = len(state.output_top_logprobs)
+        if not c.input and state.input_token_logprobs:
+            inputs, c.input = (state.input_token_logprobs, state.input_top_logprobs), True
+    end = state.finished_time if state.finished_time is not None else time.perf_counter()
+    return StateDelta(text, ids, logprobs, tops, inputs, state.prompt_tokens, state.completion_tokens,
+                      state.cached_tokens, state.finish_reason if state.finished else None, state.label,
+                      end - state.created)

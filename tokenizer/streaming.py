@@ -1,19 +1,18 @@
-"""The one wrapper every generating route goes through: validation errors, SSE, and abort.
+"""The one wrapper every generating route goes through: errors, SSE, and abort.
 
-    return await run_generation(request, server, body, renderer)
+    return await answer_generation(request, server, req, answer)
 
-- `await TokenizerManager.generate(body)` validates everything first, so a bad request raises
+- `await pipeline.generate(tm, req)` checks everything first, so a bad request raises
   `InvalidRequest` (-> 400) before any response byte is sent.
-- The results iterator is consumed inside `contextlib.aclosing`. NOTE: this is how a client that
-  goes away aborts its request, in one place for every route and every state: aiohttp runs with
+- The updates are consumed inside `contextlib.aclosing`. NOTE: this is how a client that goes
+  away aborts its request, in one place for every route and every state: aiohttp runs with
   `handler_cancellation=True`, so a disconnect cancels the handler task while it awaits the next
-  result, or the next write raises `ConnectionResetError`; either way the generator is closed and
+  update, or the next write raises `ConnectionResetError`; either way the iterator is closed and
   the manager's `finally` sends `AbortReq` for everything still running.
-- Streams are SSE: `data: {json}\\n\\n` per payload, always ending with `data: [DONE]\\n\\n`. An
-  error after the stream started becomes one `data: {"error": {...}}` event before [DONE].
-
-A `Renderer` turns the manager's SGLang-shaped outputs into a route's payloads (native /generate
-passes them through; the OpenAI routes build completions and chat chunks).
+- An `Answer` folds the updates into its protocol's payloads: streamed, each update's payloads
+  are sent as they come (`data: {json}`, named `event:` lines where the protocol wants them, a
+  closing `done` line where it has one); not streamed, the same updates are folded and `final()`
+  is the body. An error after the stream started becomes the protocol's own error event.
 """
 
 from __future__ import annotations
@@ -26,7 +25,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 import orjson
 from aiohttp import web
 
-from runtime.contracts.errors import InvalidRequest
+from tokenizer.core.events import Update
+from tokenizer.core.pipeline import generate
+from tokenizer.core.request import GenRequest
 from tokenizer.errors import classify, error_body
 
 if TYPE_CHECKING:
@@ -39,29 +40,31 @@ SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
 DONE_EVENT = b"data: [DONE]\n\n"
 
 
-class Renderer(Protocol):
-    """How one route presents the manager's outputs."""
+class Answer(Protocol):
+    """How one protocol answers a generation from its event stream."""
 
     stream: bool
-
-    def translate(self, exc: InvalidRequest) -> InvalidRequest:
-        """Rename the manager's field names to the route's (e.g. max_new_tokens -> max_tokens)."""
-        ...
-
-    def final(self, result: Any) -> Any:
-        """The JSON body of a non-streamed response."""
-        ...
+    named: bool  # SSE events carry `event: <type>` (Anthropic's, the Responses API's)
+    done: bytes  # the stream's last line (OpenAI's and SGLang's [DONE]; none for the others)
 
     def start(self) -> list[Any]:
-        """Payloads sent before the first output (e.g. chat's role deltas)."""
+        """Payloads sent before the first update (chat's role deltas, message_start, ...)."""
         ...
 
-    def chunks(self, out: dict[str, Any]) -> list[Any]:
-        """Payloads for one streamed output (cumulative, tagged with "index" when fanned out)."""
+    def update(self, update: Update) -> list[Any]:
+        """Payloads for one update (and the update folded into the answer)."""
         ...
 
     def end(self) -> list[Any]:
-        """Payloads sent after the last output (e.g. the usage chunk)."""
+        """Payloads sent after the last update (the usage chunk, ...)."""
+        ...
+
+    def final(self) -> Any:
+        """The JSON body of a non-streamed answer."""
+        ...
+
+    def error_events(self, status: int, message: str, param: str | None) -> list[Any]:
+        """An error after the stream started, as the protocol's events."""
         ...
 
 
@@ -69,41 +72,44 @@ def json_response(body: Any, status: int = 200) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
 
 
-async def run_generation(
-    request: web.Request, server: ServerState, body: dict[str, Any], renderer: Renderer
+async def answer_generation(
+    request: web.Request, server: ServerState, req: GenRequest, answer: Answer
 ) -> web.StreamResponse:
     """Start a generation and answer it, streamed or not; see the module docstring."""
-    tm = server.accepting_manager()
-    try:
-        results = await tm.generate(body)
-    except InvalidRequest as exc:
-        raise renderer.translate(exc) from None
+    updates = await generate(server.accepting_manager(), req)
+    return await respond(request, server, updates, answer)
+
+
+async def respond(request: web.Request, server: ServerState, updates: AsyncIterator[Update],
+                  answer: Answer) -> web.StreamResponse:
+    """Answer a started generation (its updates are closed, and what runs aborted, at the end)."""
     with server.track():
-        async with contextlib.aclosing(results):  # type: ignore[type-var]
-            if renderer.stream:
-                return await _stream(request, results, renderer)
-            return json_response(renderer.final(await last_result(results)))
+        async with contextlib.aclosing(updates):  # type: ignore[type-var]
+            if answer.stream:
+                return await stream_updates(request, updates, answer)
+            await fold(updates, answer)
+            return json_response(answer.final())
 
 
-async def last_result(results: AsyncIterator[Any]) -> Any:
-    """The one (final) result of a non-streamed generation."""
-    final = None
-    async for out in results:
-        final = out
-    return final
+async def fold(updates: AsyncIterator[Update], answer: Answer) -> None:
+    """Every update into `answer` (a non-streamed generation)."""
+    async for update in updates:
+        answer.update(update)
 
 
-async def _stream(
-    request: web.Request, results: AsyncIterator[Any], renderer: Renderer
-) -> web.StreamResponse:
+async def stream_updates(request: web.Request, updates: AsyncIterator[Update], answer: Answer) -> web.StreamResponse:
     async def body(send: SendEvents) -> None:
-        await send(renderer.start())
-        async for out in results:
-            await send(renderer.chunks(out))
-        await send(renderer.end())
+        await send(answer.start())
+        async for update in updates:
+            await send(answer.update(update))
+        await send(answer.end())
 
-    return await sse_response(request, body, lambda status, message, param: [error_body(status, message, param)],
-                              done=DONE_EVENT)
+    return await sse_response(request, body, answer.error_events, named=answer.named, done=answer.done)
+
+
+def openai_error_events(status: int, message: str, param: str | None) -> list[Any]:
+    """An error after an OpenAI or native stream started: one error object."""
+    return [error_body(status, message, param)]
 
 
 SendEvents = Callable[[list[Any]], Awaitable[None]]

@@ -85,17 +85,17 @@ class SamplingParams:
         Ranges are not checked here: call `validate(vocab_size)` afterwards.
         """
         if not isinstance(d, dict):
-            raise InvalidRequest("sampling_params must be an object", param="sampling_params")
+            raise InvalidRequest.field("sampling_params", "must be an object")
         d = dict(d)
         if "sampling_seed" in d:
             if "seed" in d:
-                raise InvalidRequest("give seed or sampling_seed, not both", param="seed")
+                raise InvalidRequest.field("seed", "give seed or sampling_seed, not both")
             d["seed"] = d.pop("sampling_seed")
         names = {f.name for f in fields(cls)}
         unknown = sorted(k for k in d if k not in names)
         if unknown:
             name = str(unknown[0])
-            raise InvalidRequest(f"unknown sampling parameter {name!r}", param=name)
+            raise InvalidRequest.field(name, "unknown sampling parameter")
         defaults = cls()
         kwargs = {k: getattr(defaults, k) if v is None else v for k, v in d.items()}
         if isinstance(kwargs.get("json_schema"), dict):
@@ -134,10 +134,9 @@ class SamplingParams:
         if self.logit_bias is None:
             return []
         if not isinstance(self.logit_bias, dict):
-            raise _bad("logit_bias", "logit_bias must be an object of token id -> bias")
+            raise _bad("logit_bias", "must be an object of token id -> bias")
         if len(self.logit_bias) > MAX_LOGIT_BIAS_ENTRIES:
-            raise _bad("logit_bias", f"logit_bias may have at most {MAX_LOGIT_BIAS_ENTRIES} entries, "
-                                     f"got {len(self.logit_bias)}")
+            raise _bad("logit_bias", f"may have at most {MAX_LOGIT_BIAS_ENTRIES} entries, got {len(self.logit_bias)}")
         items = []
         for key, value in self.logit_bias.items():
             if isinstance(key, str) and _TOKEN_ID_STR.fullmatch(key):
@@ -145,9 +144,9 @@ class SamplingParams:
             elif isinstance(key, int) and not isinstance(key, bool):
                 tid = key
             else:
-                raise _bad("logit_bias", f"logit_bias key {key!r} is not a token id")
+                raise _bad("logit_bias", f"key {str(key)[:40]!r} is not a token id")
             if not _is_number(value):
-                raise _bad("logit_bias", f"logit_bias value for {key!r} must be a number")
+                raise _bad("logit_bias", f"the value for {str(key)[:40]!r} must be a number")
             items.append((tid, float(value)))
         return items
 
@@ -155,33 +154,33 @@ class SamplingParams:
         for name in _FLOAT_FIELDS:
             value = getattr(self, name)
             if not _is_number(value):
-                raise InvalidRequest(f"{name} must be a number, got {_tname(value)}", param=name)
+                raise _bad(name, f"must be a number, got {_tname(value)}")
             setattr(self, name, float(value))
         for name in _INT_FIELDS + _OPT_INT_FIELDS:
             value = getattr(self, name)
             if value is None and name in _OPT_INT_FIELDS:
                 continue
             if not _is_int(value):
-                raise InvalidRequest(f"{name} must be an integer, got {_tname(value)}", param=name)
+                raise _bad(name, f"must be an integer, got {_tname(value)}")
         for name in _BOOL_FIELDS:
             value = getattr(self, name)
             if not isinstance(value, bool):
-                raise _bad(name, f"{name} must be a boolean, got {_tname(value)}")
+                raise _bad(name, f"must be a boolean, got {_tname(value)}")
         for name in _OPT_STR_FIELDS + ("json_schema",):
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
-                raise InvalidRequest(f"{name} must be a string, got {_tname(value)}", param=name)
+                raise _bad(name, f"must be a string, got {_tname(value)}")
         self._check_list_types()
 
     def _check_list_types(self) -> None:
         stop = self.stop
         if (stop is not None and not isinstance(stop, str)
                 and (not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop))):
-            raise InvalidRequest("stop must be a string or a list of strings", param="stop")
+            raise _bad("stop", "must be a string or a list of strings")
         for name in ("stop_token_ids", "grammar_after_ids"):
             ids = getattr(self, name)
             if ids is not None and (not isinstance(ids, (list, tuple)) or not all(_is_int(t) for t in ids)):
-                raise _bad(name, f"{name} must be a list of integers")
+                raise _bad(name, "must be a list of integers")
         self.logit_bias_ids()
 
     def validate(self, vocab_size: int | None = None) -> None:
@@ -193,20 +192,15 @@ class SamplingParams:
         self._check_types()
         for name, ok, allowed in self._range_checks():
             if not ok:
-                raise _bad(name, f"{name} must be {allowed}, got {getattr(self, name)!r}")
+                raise _bad(name, f"must be {allowed}, got {getattr(self, name)!r}")
         self._validate_stops(vocab_size)
         for tid, bias in self.logit_bias_ids():
             _check_token_id(tid, vocab_size, "logit_bias")
             if not (math.isfinite(bias) and abs(bias) <= MAX_LOGIT_BIAS):
-                raise InvalidRequest(
-                    f"logit_bias values must be in [-100, 100], got {bias!r} for token {tid}",
-                    param="logit_bias",
-                )
+                raise _bad("logit_bias", f"values must be in [-100, 100], got {bias!r} for token {tid}")
         given = [g for g in _GRAMMAR_FIELDS if getattr(self, g) is not None]
         if len(given) > 1:
-            raise InvalidRequest(
-                f"at most one of json_schema, regex, ebnf may be given, got {given}", param=given[1]
-            )
+            raise _bad(given[1], f"at most one of json_schema, regex, ebnf may be given, got {given}")
         self._validate_grammar_after(vocab_size, bool(given))
 
     def _range_checks(self) -> list[tuple[str, bool, str]]:
@@ -234,11 +228,11 @@ class SamplingParams:
         if len(strs) > MAX_STOP_STRS:
             raise _bad("stop", f"at most {MAX_STOP_STRS} stop strings are allowed, got {len(strs)}")
         if any(s == "" for s in strs):
-            raise InvalidRequest("stop strings must be non-empty", param="stop")
+            raise _bad("stop", "stop strings must be non-empty")
         if any(len(s) > MAX_STOP_STR_CHARS for s in strs):
             raise _bad("stop", f"stop strings must be at most {MAX_STOP_STR_CHARS} characters long")
         if len(self.stop_token_ids or []) > MAX_STOP_TOKEN_IDS:
-            raise _bad("stop_token_ids", f"at most {MAX_STOP_TOKEN_IDS} stop_token_ids are allowed")
+            raise _bad("stop_token_ids", f"at most {MAX_STOP_TOKEN_IDS} are allowed")
         for tid in self.stop_token_ids or []:
             _check_token_id(tid, vocab_size, "stop_token_ids")
 
@@ -248,16 +242,15 @@ class SamplingParams:
         if ids is None:
             return
         if not has_grammar:
-            raise _bad("grammar_after_ids", "grammar_after_ids needs a grammar (json_schema, regex or ebnf)")
+            raise _bad("grammar_after_ids", "needs a grammar (json_schema, regex or ebnf)")
         if not 1 <= len(ids) <= MAX_GRAMMAR_AFTER_IDS:
-            raise _bad("grammar_after_ids", f"grammar_after_ids must hold 1 to {MAX_GRAMMAR_AFTER_IDS} token ids, "
-                                            f"got {len(ids)}")
+            raise _bad("grammar_after_ids", f"must hold 1 to {MAX_GRAMMAR_AFTER_IDS} token ids, got {len(ids)}")
         for tid in ids:
             _check_token_id(tid, vocab_size, "grammar_after_ids")
 
 
-def _bad(param: str, message: str) -> InvalidRequest:
-    return InvalidRequest(message, param=param)
+def _bad(param: str, problem: str) -> InvalidRequest:
+    return InvalidRequest.field(param, problem)
 
 
 def _is_number(x: Any) -> bool:
@@ -275,4 +268,4 @@ def _tname(x: Any) -> str:
 def _check_token_id(tid: int, vocab_size: int | None, param: str) -> None:
     if tid < 0 or (vocab_size is not None and tid >= vocab_size):
         allowed = f"[0, {vocab_size})" if vocab_size is not None else ">= 0"
-        raise InvalidRequest(f"{param}: token id {tid} is outside {allowed}", param=param)
+        raise _bad(param, f"token id {tid} is outside {allowed}")

@@ -22,8 +22,8 @@ from tests.tokenizer.http_helpers import (
     server_state,
     wait_until,
 )
-from tokenizer.admission import OFFLOAD_TOKENIZE_CHARS, PromptEncoder, check_admission
-from tokenizer.generate_body import SingleRequest
+from tokenizer.admission import OFFLOAD_TOKENIZE_CHARS, SHORT_LANE_CHARS, PromptEncoder, check_admission
+from tokenizer.core.request import GenRequest, PromptRequest
 
 LONG = {"sampling_params": {"max_new_tokens": 400, "ignore_eos": True}}
 HELD = 3  # key_server's --max-running-requests 2 + --max-queued-requests 1
@@ -86,7 +86,7 @@ def test_a_request_that_could_never_be_held_is_a_400(server: RunningServer) -> N
     """n=3 is three samples and a warm-up: four held requests, more than the three admitted at all."""
     body = {"text": "hi", "sampling_params": {"max_new_tokens": 1, "n": HELD}}
     resp = post(server, "/generate", body, headers=AUTH)
-    assert resp.status_code == 400 and resp.json()["error"]["param"] == "n", resp.text
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "sampling_params.n", resp.text
 
 
 def test_long_prompts_are_encoded_off_the_event_loop() -> None:
@@ -99,13 +99,14 @@ def test_long_prompts_are_encoded_off_the_event_loop() -> None:
 
     encoder = PromptEncoder(Recording())
     try:
-        short = [SingleRequest("a", text="hi"), SingleRequest("b", input_ids=[5, 6])]
-        long = [SingleRequest("c", text="x" * OFFLOAD_TOKENIZE_CHARS)]
-        assert asyncio.run(encoder.encode(short)) == [[2], [5, 6]]
-        assert asyncio.run(encoder.encode(long)) == [[OFFLOAD_TOKENIZE_CHARS]]
+        assert asyncio.run(encoder.encode_texts(["hi", "abc"])) == [[2], [3]]
+        assert asyncio.run(encoder.encode_texts(["x" * OFFLOAD_TOKENIZE_CHARS])) == [[OFFLOAD_TOKENIZE_CHARS]]
+        huge = SHORT_LANE_CHARS + 1  # one client's megabytes never queue ahead of a short chat
+        assert asyncio.run(encoder.encode_texts(["y" * huge])) == [[huge]]
     finally:
         encoder.close()
-    assert threads[0] == "MainThread" and threads[1].startswith("tokenize")
+    assert threads[:2] == ["MainThread", "MainThread"]
+    assert threads[2].startswith("tokenize-short") and threads[3].startswith("tokenize-long")
 
 
 def test_admission_rule() -> None:
@@ -128,10 +129,15 @@ def test_the_server_default_timeout_becomes_a_deadline() -> None:
     tm._rids = InternalRids()
     tm.config = ServerConfig(model_path="/m", request_timeout=30.0)
     tm.limits = RequestLimits(vocab_size=100, context_length=512, kv_total=None, max_n=4, max_top_logprobs=5)
+
+    def deadline(rid: str, timeout: float | None = None) -> float | None:
+        prompt = PromptRequest([1, 2], rid, {})
+        return tm._prepare(GenRequest([prompt], timeout=timeout), prompt, [1, 2]).req.deadline
+
     before = time.time()
-    default = tm._prepare(SingleRequest("a", input_ids=[1, 2]), [1, 2]).req.deadline
-    own = tm._prepare(SingleRequest("b", input_ids=[1, 2], timeout=2.0), [1, 2]).req.deadline
-    assert before + 30 <= default <= time.time() + 30
-    assert before + 2 <= own <= time.time() + 2
+    default = deadline("a")
+    own = deadline("b", timeout=2.0)
+    assert default is not None and before + 30 <= default <= time.time() + 30
+    assert own is not None and before + 2 <= own <= time.time() + 2
     tm.config = ServerConfig(model_path="/m")
-    assert tm._prepare(SingleRequest("c", input_ids=[1, 2]), [1, 2]).req.deadline is None
+    assert deadline("c") is None

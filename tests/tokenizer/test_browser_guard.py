@@ -24,6 +24,7 @@ from tokenizer.api_key import resolve_api_key
 from tokenizer.browser_guard import is_loopback_host_header, is_loopback_name, parse_origin
 from tokenizer.cli import build_parser
 from tokenizer.http_server import create_app
+from tokenizer.request_state import StateDelta
 from tokenizer.server_state import ServerState
 
 EVIL = "https://evil.example"
@@ -53,15 +54,15 @@ class RecordingManager:
         self.calls: list[str] = []
         self.rid_to_state: dict[str, Any] = {}
 
-    async def generate(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    async def submit(self, req: Any) -> AsyncIterator[tuple[int, StateDelta]]:
         self.calls.append("generate")
 
-        async def results() -> AsyncIterator[dict[str, Any]]:
-            yield {"text": "ok", "output_ids": [1], "meta_info": {"finish_reason": {"type": "length"}}}
+        async def results() -> AsyncIterator[tuple[int, StateDelta]]:
+            yield 0, StateDelta("ok", [1], None, None, None, 1, 1, 0, {"type": "length"}, "rid", 0.0)
 
         return results()
 
-    async def abort_all(self) -> None:
+    async def abort_all(self, owner: str | None = None) -> None:
         self.calls.append("abort_all")
 
     async def flush_cache(self) -> bool:

@@ -1,4 +1,4 @@
-"""Chat template rendering (tokenizer/chat_template.py): off the event loop and under a time bound.
+"""Chat template rendering (tokenizer/core/chat_template.py): off the event loop and under a time bound.
 The tokenizer's own template renders on a thread; a request's template (--trust-request-chat-
 template) in a killable helper process, which a template looping for ever or allocating without
 end cannot hold. The default model's tokenizer; no server."""
@@ -16,9 +16,12 @@ import pytest
 from runtime.contracts.config import ServerConfig
 from runtime.contracts.errors import InvalidRequest
 from tokenizer.admission import PromptEncoder
-from tokenizer.chat_template import RequestTemplate, default_sandbox, render_chat
+from tokenizer.core.chat_template import RequestTemplate, default_sandbox, render_chat
+from tokenizer.core.pipeline import render_chats
+from tokenizer.core.request import ChatInput
+from tokenizer.limits import RequestLimits
 from tokenizer.manager import TokenizerManager
-from tokenizer.openai.api import plan_chat_request
+from tokenizer.openai.chat import parse_chat
 
 T = TypeVar("T")
 MSG = [{"role": "user", "content": "hi"}]
@@ -43,8 +46,10 @@ def stop_the_helper() -> Iterator[None]:
 
 def _manager(tokenizer: Any, **config: Any) -> Any:
     """What the chat path reads of a TokenizerManager, with its real apply_chat_template."""
+    limits = RequestLimits(vocab_size=len(tokenizer), context_length=2048, kv_total=None, max_n=4,
+                           max_top_logprobs=5)
     tm = types.SimpleNamespace(tokenizer=tokenizer, encoder=PromptEncoder(tokenizer),
-                               context_length=2048, scheduler_info={},
+                               context_length=2048, scheduler_info={}, limits=limits,
                                config=ServerConfig(**config))
     tm.apply_chat_template = types.MethodType(TokenizerManager.apply_chat_template, tm)
     return tm
@@ -121,14 +126,23 @@ def test_a_request_template_that_fails_or_allocates_without_end_is_a_400(tokeniz
         info.value.message.encode("utf-8")  # valid Unicode: it goes into a JSON response
 
 
+def _rendered_ids(tokenizer: Any, config: ServerConfig, body: dict[str, Any]) -> list[int]:
+    """The chat path: the body parsed, its chat rendered and tokenized as the pipeline does."""
+    req = parse_chat(body, config, "m").req
+    assert isinstance(req.prompts[0].prompt, ChatInput)
+    prompt = asyncio.run(render_chats(_manager(tokenizer), req)).prompts[0].prompt
+    assert isinstance(prompt, list)
+    return prompt
+
+
 def test_the_trust_flag_lets_a_request_template_through_the_chat_path(tokenizer: Any) -> None:
     body = {"model": "m", "messages": MSG, "chat_template_kwargs": {"chat_template": "Z{{ messages[0].content }}"}}
     with pytest.raises(InvalidRequest) as info:
-        asyncio.run(plan_chat_request(_manager(tokenizer), ServerConfig(), body, "m"))
+        parse_chat(body, ServerConfig(), "m")
     assert info.value.param == "chat_template_kwargs.chat_template"
+    assert "--trust-request-chat-template" in info.value.message
     trusted = ServerConfig(trust_request_chat_template=True)
-    plan = asyncio.run(plan_chat_request(_manager(tokenizer), trusted, body, "m"))
-    assert plan.body["input_ids"] == tokenizer.encode("Zhi", add_special_tokens=False)
-    plain = asyncio.run(plan_chat_request(_manager(tokenizer), trusted, {"model": "m", "messages": MSG}, "m"))
+    assert _rendered_ids(tokenizer, trusted, body) == tokenizer.encode("Zhi", add_special_tokens=False)
     expected = tokenizer.apply_chat_template(MSG, tokenize=False, add_generation_prompt=True)
-    assert plain.body["input_ids"] == tokenizer.encode(expected, add_special_tokens=False)
+    plain = _rendered_ids(tokenizer, trusted, {"model": "m", "messages": MSG})
+    assert plain == tokenizer.encode(expected, add_special_tokens=False)

@@ -2,14 +2,17 @@
 logprob texts run on the PromptEncoder's worker thread when long, each under a documented bound
 (a 400 naming the field beyond it), with outputs unchanged.
 
-The HTTP routes run in-process (aiohttp's test client) against a fake manager that holds the
-default model's real tokenizer, wrapped to record which thread decodes and, when asked, to hold a
-decode until the test lets it go. The receive-loop path runs the real `TokenizerManager._on_batch`.
+The HTTP routes run in-process (aiohttp's test client) against a manager without a runtime: the
+real `TokenizerManager.submit` checks and tokenizes with the default model's real tokenizer,
+wrapped to record which thread decodes and, when asked, to hold a decode until the test lets it
+go, and every prompt it would send answers "!" at once. The receive-loop path runs the real
+`TokenizerManager._on_batch`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import types
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -22,12 +25,14 @@ from runtime.contracts.config import ServerConfig
 from runtime.contracts.messages import BatchStrOut, GenerateReq
 from runtime.contracts.sampling import SamplingParams
 from tokenizer.admission import OFFLOAD_DECODE_IDS, PromptEncoder
+from tokenizer.fanout import Prepared
 from tokenizer.http_server import create_app
-from tokenizer.labels import LabelIndex
-from tokenizer.manager import TokenizerManager
-from tokenizer.request_state import Group, LogprobParts, ReqState, apply_output, build_output
+from tokenizer.labels import InternalRids, LabelIndex
+from tokenizer.limits import RequestLimits
+from tokenizer.manager import Reservation, Taken, TokenizerManager
+from tokenizer.native.spec import MAX_DETOKENIZE_IDS
+from tokenizer.request_state import Group, LogprobParts, ReqState, StateDelta, apply_output, take_delta
 from tokenizer.server_state import ServerState
-from tokenizer.token_routes import MAX_DETOKENIZE_IDS
 
 T = TypeVar("T")
 CONTEXT = 2048
@@ -36,7 +41,7 @@ WORKER = "tokenize"  # PromptEncoder's thread_name_prefix
 
 class Recording:
     """The real tokenizer, recording the thread of every decode; `gate` (when set) holds each
-    decode until the test sets it."""
+    decode until the test sets it. Encoding (the manager tokenizes text prompts) is not recorded."""
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
@@ -45,6 +50,9 @@ class Recording:
 
     def __len__(self) -> int:
         return len(self.tokenizer)
+
+    def encode(self, text: str, **kwargs: Any) -> list[int]:
+        return list(self.tokenizer.encode(text, **kwargs))  # not a decode: not recorded
 
     def decode(self, ids: list[int], **kwargs: Any) -> str:
         self._enter()
@@ -60,31 +68,27 @@ class Recording:
             assert self.gate.wait(30), "the test never released the decode"
 
 
-class Manager:
-    """What the token routes and /v1/completions read of a TokenizerManager."""
+class Manager(TokenizerManager):
+    """A TokenizerManager without sockets or a runtime: `submit` checks and tokenizes as the real
+    one does; each prompt it would send is recorded in `sent` and answers "!" at once."""
 
-    dead_reason: str | None = None
-    is_healthy = True
-    on_output = None
-    on_reject = None
-    context_length = CONTEXT
-
-    def __init__(self, tokenizer: Recording, config: ServerConfig) -> None:
-        self.config, self.tokenizer = config, tokenizer
+    def __init__(self, tokenizer: Recording, config: ServerConfig) -> None:  # NOTE: no sockets
+        self.config, self.tokenizer = config, tokenizer  # type: ignore[assignment]
         self.encoder = PromptEncoder(tokenizer)
-        self.vocab_size = len(tokenizer)
+        self.vocab_size, self.context_length = len(tokenizer), CONTEXT
         self.scheduler_info = {"vocab_size": self.vocab_size}
-        self.bodies: list[dict[str, Any]] = []
+        self.limits = RequestLimits(vocab_size=self.vocab_size, context_length=CONTEXT, kv_total=None,
+                                    max_n=config.max_n, max_top_logprobs=config.max_top_logprobs)
+        self.rid_to_state, self.labels, self._rids, self._reserved = {}, LabelIndex(), InternalRids(), 0
+        self.max_live, self.dead_reason, self.on_output, self.on_reject = 64, None, None, None
+        self.sent: list[Prepared] = []
 
-    async def generate(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        self.bodies.append(body)
-
-        async def results() -> AsyncIterator[dict[str, Any]]:
-            meta = {"finish_reason": {"type": "length"}, "prompt_tokens": 1, "completion_tokens": 1,
-                    "cached_tokens": 0}
-            yield {"text": "!", "output_ids": [1], "meta_info": meta}
-
-        return results()
+    async def _run(self, prepared: list[Prepared], stream: bool, reservation: Reservation) -> AsyncIterator[Taken]:
+        reservation.release()
+        self.sent.extend(prepared)
+        for i, p in enumerate(prepared):
+            yield i, StateDelta("!", [1], None, None, None, len(p.req.input_ids), 1, 0, {"type": "length"},
+                                p.label, 0.0)
 
 
 @pytest.fixture(scope="module")
@@ -176,8 +180,10 @@ def test_detokenize_bounds_are_400s_naming_tokens(recording: Recording) -> None:
         return [await _post(client, "/detokenize", body) for body in bodies]
 
     replies = _serve(Manager(recording, ServerConfig()), talk)
-    assert [(status, body["error"]["param"]) for status, body in replies] == [(400, "tokens")] * len(bodies)
-    assert f"at most {MAX_DETOKENIZE_IDS}" in replies[0][1]["error"]["message"]
+    params = ["tokens", "tokens[0]", "tokens", "tokens[1]", "tokens[0]", "tokens"]  # the bad field's full path
+    assert [(status, body["error"]["param"]) for status, body in replies] == [(400, p) for p in params]
+    assert all(body["error"]["message"].startswith(p + ":") for p, (_, body) in zip(params, replies))
+    assert f"0 to {MAX_DETOKENIZE_IDS} items" in replies[0][1]["error"]["message"]
     assert recording.threads == []  # nothing was decoded
     assert MAX_DETOKENIZE_IDS == 131072  # the documented bound (token_routes, docs/reliability.md)
 
@@ -210,22 +216,22 @@ def test_echo_of_short_and_text_prompts_is_unchanged(recording: Recording, hf_to
     assert recording.threads == ["MainThread"]  # a short id prompt decodes inline; text is not decoded
 
 
-@pytest.mark.parametrize("prompt, words", [
-    ([1] * (CONTEXT + 1), "context length"),
-    ([5, -1], "outside"),  # the tokenizer cannot even decode it (it was a 500)
-    ([5, 10**9], "outside"),
-    ([[5]] * 5, "at most 4"),
+@pytest.mark.parametrize("prompt, param, words", [
+    ([1] * (CONTEXT + 1), "prompt", "context length"),
+    ([5, -1], "prompt[1]", "greater than or equal to 0"),  # the tokenizer cannot even decode it (it was a 500)
+    ([5, 10**9], "prompt", "outside"),
+    ([[5]] * 5, "prompt", "at most 4"),
 ], ids=["longer than the context", "negative id", "id past the vocabulary", "more prompts than the cap"])
-def test_echo_bounds_are_400s_naming_prompt(recording: Recording, prompt: Any, words: str) -> None:
+def test_echo_bounds_are_400s_naming_prompt(recording: Recording, prompt: Any, param: str, words: str) -> None:
     manager = Manager(recording, ServerConfig(max_prompts_per_request=4))
 
     async def talk(client: TestClient[Any, Any]) -> tuple[int, dict[str, Any]]:
         return await _post(client, "/v1/completions", _completion(prompt))
 
     status, body = _serve(manager, talk)
-    assert status == 400 and body["error"]["param"] == "prompt", body
-    assert words in body["error"]["message"]
-    assert recording.threads == [] and manager.bodies == []  # nothing decoded, nothing generated
+    assert status == 400 and body["error"]["param"] == param, body
+    assert body["error"]["message"].startswith(param + ":") and words in body["error"]["message"]
+    assert recording.threads == [] and manager.sent == []  # nothing decoded, nothing generated
 
 
 # ---------------------------------------------------------------- logprob texts on the receive loop
@@ -263,10 +269,9 @@ def _register(tm: TokenizerManager, rid: str, prompt: list[int], k: int) -> ReqS
     return state
 
 
-def _meta(state: ReqState) -> dict[str, Any]:
-    meta = dict(build_output(state)["meta_info"])
-    del meta["e2e_latency"]
-    return meta
+def _news(state: ReqState) -> StateDelta:
+    """What the state's consumer takes (its latency aside)."""
+    return dataclasses.replace(take_delta(state), latency=0.0)
 
 
 def test_input_top_logprob_texts_are_built_off_the_receive_loop_in_order(
@@ -276,14 +281,14 @@ def test_input_top_logprob_texts_are_built_off_the_receive_loop_in_order(
     messages = [_message("r", prompt, [11, 12], k, first=True),
                 _message("r", prompt, [13], k, first=False, finished={"type": "length"})]
 
-    async def main() -> tuple[dict[str, Any], list[int]]:
+    async def main() -> tuple[StateDelta, list[int]]:
         tm = _receiver(recording)
         state = _register(tm, "r", prompt, k)
         recording.gate = threading.Event()
         try:
             tm._on_batch(messages[0])  # returns while the worker's decode is held: no blocking
             tm._on_batch(messages[1])  # a small fold, queued behind the first one
-            assert state.finished and state.text == "xxx"  # everything but the logprobs is in
+            assert state.finished and "".join(state.pieces) == "xxx"  # everything but the logprobs is in
             take = asyncio.create_task(state.group.take())
             while not recording.threads:
                 await asyncio.sleep(0.01)
@@ -291,7 +296,7 @@ def test_input_top_logprob_texts_are_built_off_the_receive_loop_in_order(
             assert not take.done(), "the consumer woke before the logprobs were folded"
             recording.gate.set()
             news = await asyncio.wait_for(take, 30)
-            return _meta(state), news
+            return _news(state), news
         finally:
             recording.gate.set()
             tm.encoder.close()
@@ -305,25 +310,27 @@ def test_input_top_logprob_texts_are_built_off_the_receive_loop_in_order(
     holder = types.SimpleNamespace(tokenizer=recording)
     for message in messages:  # the direct fold on the calling thread, as before
         apply_output(direct, message, 0, 0.0, lambda ids: TokenizerManager._token_texts(holder, ids))  # type: ignore[arg-type]
-    assert meta == _meta(direct)
-    assert meta["input_top_logprobs"][1][0][2] == recording.tokenizer.decode([prompt[1] % 1000])
-    assert [e[1] for e in meta["output_token_logprobs"]] == [11, 12, 13]
+    assert meta == _news(direct)
+    assert meta.input is not None and meta.input[1] is not None
+    assert meta.input[1][1] is not None
+    assert meta.input[1][1][0][2] == recording.tokenizer.decode([prompt[1] % 1000])
+    assert meta.logprobs is not None and [e[1] for e in meta.logprobs] == [11, 12, 13]
 
 
 def test_small_logprob_folds_stay_on_the_loop(recording: Recording) -> None:
-    async def main() -> dict[str, Any]:
+    async def main() -> StateDelta:
         tm = _receiver(recording)
         state = _register(tm, "s", [5, 6, 7], 2)
         try:
             tm._on_batch(_message("s", [5, 6, 7], [8], 2, first=True, finished={"type": "length"}))
             assert await state.group.take() == [0]
-            return _meta(state)
+            return _news(state)
         finally:
             tm.encoder.close()
 
     meta = asyncio.run(main())
     assert recording.threads and set(recording.threads) == {"MainThread"}
-    assert meta["output_token_logprobs"] == [[-0.25, 8, recording.tokenizer.decode([8])]]
+    assert meta.logprobs == [[-0.25, 8, recording.tokenizer.decode([8])]]
 
 
 def test_a_fold_that_fails_fails_its_request(recording: Recording) -> None:

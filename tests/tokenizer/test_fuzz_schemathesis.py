@@ -8,8 +8,9 @@ bounded, then the server must be alive, idle and sound.
 Checks on every answer: no 5xx (`not_a_server_error`), a documented status, a documented content
 type, a body that fits the documented answer, and no 5xx error event inside a 200 stream. The
 server runs with small caps (context 160 tokens, n <= 2, 4 prompts, 5 top logprobs), which the
-document carries as its bounds, and --request-timeout 0.3: a long generation ends with finish
-reason abort after 0.3 s (a few tokens in), so the deadline path is fuzzed too and every example
+field specs leave to the runtime's checks (a fitting body past them is a 400), and
+--request-timeout 0.3: a long generation ends with finish reason abort after 0.3 s (a few tokens in),
+so the deadline path is fuzzed too and every example
 is quick (most generations end at that deadline: its length is the cost of an example). A fitting
 body's own longer `timeout` is cut to 0.3 s for the same reason; the final soundness check sends
 a huge one.

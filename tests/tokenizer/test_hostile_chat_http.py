@@ -67,21 +67,21 @@ HOSTILE: list[tuple[str, bytes, str | None, str]] = [
      "messages[0].role", "role"),
     ("role a list", _chat(messages=[{"role": ["user"], "content": "hi"}]), "messages[0].role", "role"),
     ("call id a deep list", _history('"{}"').replace(b'"c1", "type"', _deep('DEEP, "type"')),
-     "messages[1].tool_calls[0].id", "must be a string"),
+     "messages[1].tool_calls[0].id", "valid string"),
     ("tool_call_id a number", _chat(messages=[{"role": "tool", "tool_call_id": 5, "content": "x"}]),
-     "messages[0].tool_call_id", "must be a string"),
+     "messages[0].tool_call_id", "valid string"),
     ("timeout a deep list", _deep('{"model": "m", "messages": [{"role": "user", "content": "hi"}], '
-                                  '"timeout": DEEP}'), "timeout", "nested too deeply"),
+                                  '"timeout": DEEP}'), "timeout", "valid number"),
     ("tool_choice a deep list", _deep('{"model": "m", "messages": [{"role": "user", "content": "hi"}], '
                                       '"tool_choice": DEEP}'), "tool_choice", "tool_choice"),
     ("return_hidden_states deep", _deep('{"model": "m", "messages": [{"role": "user", "content": "hi"}], '
-                                        '"return_hidden_states": DEEP}'), "return_hidden_states", "not supported"),
+                                        '"return_hidden_states": DEEP}'), "return_hidden_states", "should be False"),
     ("tool parameters 100 deep", _chat(tools=[{"type": "function", "function": {
         "name": "f", "parameters": {"type": "object", "properties": orjson.loads(_deep("DEEP", 100))}}}]),
      "tools[0].function.parameters", "nested too deeply"),
     ("kwargs tokenize", _chat(chat_template_kwargs={"tokenize": True}), "chat_template_kwargs.tokenize",
      "not a template variable"),
-    ("kwargs a bad key", _chat(chat_template_kwargs={"a-b": 1}), "chat_template_kwargs", "keys"),
+    ("kwargs a bad key", _chat(chat_template_kwargs={"a-b": 1}), "chat_template_kwargs.a-b", "pattern"),
     ("kwargs a deep value", _chat(chat_template_kwargs={"x": orjson.loads(_deep("DEEP", 20))}),
      "chat_template_kwargs.x", "nested too deeply"),
 ]

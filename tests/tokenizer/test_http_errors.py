@@ -31,6 +31,7 @@ from tests.tokenizer.http_helpers import (
     wait_until,
 )
 from tokenizer.http_server import create_app
+from tokenizer.request_state import StateDelta
 from tokenizer.server_state import Phase, ServerState
 
 BODY_LIMIT = KEY_SERVER_BODY_LIMIT
@@ -43,7 +44,7 @@ MSG = [{"role": "user", "content": "hi"}]
 
 
 class FakeManager:
-    """Just enough of a TokenizerManager: `generate` fails in the way the test asks."""
+    """Just enough of a TokenizerManager: `submit` fails in the way the test asks."""
 
     dead_reason: str | None = None
     is_healthy = True
@@ -54,12 +55,12 @@ class FakeManager:
     def __init__(self, failure: BaseException, after_one_chunk: bool) -> None:
         self.failure, self.after_one_chunk = failure, after_one_chunk
 
-    async def generate(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    async def submit(self, req: Any) -> AsyncIterator[tuple[int, StateDelta]]:
         if not self.after_one_chunk:
             raise self.failure
 
-        async def results() -> AsyncIterator[dict[str, Any]]:
-            yield {"text": "a", "output_ids": [1], "meta_info": {"finish_reason": None}}
+        async def results() -> AsyncIterator[tuple[int, StateDelta]]:
+            yield 0, StateDelta("a", [1], None, None, None, 1, 1, 0, None, "rid", 0.0)
             raise self.failure
 
         return results()
@@ -181,7 +182,7 @@ BAD_REQUESTS: list[tuple[str, str, Any, int, str, str | None]] = [
     (COMP, "POST", _comp(prompt=""), 400, "prompt", "prompt"),
     (COMP, "POST", _comp(prompt=[]), 400, "prompt", "prompt"),
     (COMP, "POST", _comp(prompt=[999999]), 400, "outside", "prompt"),
-    (COMP, "POST", _comp(prompt=[[1, 2], [-1]]), 400, "negative", "prompt"),
+    (COMP, "POST", _comp(prompt=[[1, 2], [-1]]), 400, "greater than or equal to 0", "prompt[1][0]"),
     (COMP, "POST", _comp(prompt="hello " * 2100), 400, "context length", "prompt"),
     (COMP, "POST", _comp(max_tokens=5000), 400, "maximum context length", "max_tokens"),
     (COMP, "POST", _comp(max_tokens=-1), 400, "max_tokens", "max_tokens"),
@@ -193,17 +194,17 @@ BAD_REQUESTS: list[tuple[str, str, Any, int, str, str | None]] = [
     (CHAT, "POST", _chat(messages=[{"role": "wizard", "content": "x"}]), 400, "role",
      "messages[0].role"),
     (CHAT, "POST", _chat(messages=[{"role": "user", "content": [{"type": "image_url"}]}]), 400,
-     "text", "messages[0].content"),
-    (CHAT, "POST", _chat(temperature="hot"), 400, "temperature must be a number", "temperature"),
+     "must be one of 'text'", "messages[0].content[0].type"),
+    (CHAT, "POST", _chat(temperature="hot"), 400, "temperature: input should be a valid number", "temperature"),
     (CHAT, "POST", _chat(top_p=1.5), 400, "top_p", "top_p"),
     (CHAT, "POST", _chat(frequency_penalty=3), 400, "frequency_penalty", "frequency_penalty"),
-    (CHAT, "POST", _chat(n=99), 400, "n must be <= 16", "n"),
-    (CHAT, "POST", _chat(max_tokens="ten"), 400, "max_tokens must be an integer", "max_tokens"),
+    (CHAT, "POST", _chat(n=99), 400, "n: must be <= 16", "n"),
+    (CHAT, "POST", _chat(max_tokens="ten"), 400, "max_tokens: input should be a valid integer", "max_tokens"),
     (CHAT, "POST", _chat(logprobs=True, top_logprobs=50), 400, "top_logprobs", "top_logprobs"),
     (CHAT, "POST", _chat(top_logprobs=2), 400, "requires logprobs", "top_logprobs"),
     (CHAT, "POST", _chat(logit_bias={"999999": 1}), 400, "outside", "logit_bias"),
-    (CHAT, "POST", _chat(stop_token_ids=[-5]), 400, "stop_token_ids", "stop_token_ids"),
-    (CHAT, "POST", _chat(stream="yes"), 400, "stream must be a boolean", "stream"),
+    (CHAT, "POST", _chat(stop_token_ids=[-5]), 400, "greater than or equal to 0", "stop_token_ids[0]"),
+    (CHAT, "POST", _chat(stream="yes"), 400, "stream: input should be a valid boolean", "stream"),
     (CHAT, "POST", _chat(stream_options={"include_usage": True}), 400, "only allowed when stream",
      "stream_options"),
     (CHAT, "POST", _chat(response_format={"type": "json_schema", "json_schema": {"name": "x"}}),
@@ -214,25 +215,26 @@ BAD_REQUESTS: list[tuple[str, str, Any, int, str, str | None]] = [
                          tool_choice={"type": "function", "function": {"name": "g"}}), 400,
      "not in tools", "tool_choice"),
     (CHAT, "POST", _chat(tools=[{"type": "function", "function": {"name": "f f"}}]), 400,
-     "letters", "tools[0].function.name"),
+     "should match pattern", "tools[0].function.name"),
     (CHAT, "POST", _chat(tool_choice="sometimes"), 400, "tool_choice", "tool_choice"),
-    (CHAT, "POST", _chat(foo=1), 400, "Unrecognized request argument", "foo"),
+    (CHAT, "POST", _chat(foo=1), 400, "unknown field", "foo"),
     (GEN, "POST", {"text": "hi", "input_ids": [1]}, 400, "exactly one", "text"),
     (GEN, "POST", {"text": "hi", "sampling_params": {"max_new_tokens": -1}}, 400,
-     "max_new_tokens", "max_new_tokens"),
+     "max_new_tokens", "sampling_params.max_new_tokens"),
     (GEN, "POST", {"text": "hi", "sampling_params": {"regex": "a", "ebnf": "root ::= 'a'"}}, 400,
-     "at most one", "ebnf"),
-    (GEN, "POST", {"text": "hi", "sampling_params": {"nope": 1}}, 400, "unknown", "nope"),
+     "at most one", "sampling_params.ebnf"),
+    (GEN, "POST", {"text": "hi", "sampling_params": {"nope": 1}}, 400, "unknown", "sampling_params.nope"),
     ("/abort_request", "POST", {}, 400, "rid", "rid"),
-    (GEN, "POST", {"text": "hi", "sampling_params": {"stop": ["x" * 513]}}, 400, "at most 512 characters", "stop"),
-    (GEN, "POST", {"text": "hi", "sampling_params": {"stop_token_ids": [1] * 257}}, 400, "at most 256",
-     "stop_token_ids"),
-    (CHAT, "POST", _chat(logit_bias={str(i): 1 for i in range(1025)}), 400, "at most 1024 entries", "logit_bias"),
-    (GEN, "POST", {"text": "hi", "rid": "r" * 257}, 400, "at most 256 characters", "rid"),
+    (GEN, "POST", {"text": "hi", "sampling_params": {"stop": ["x" * 513]}}, 400, "1 to 512 characters",
+     "sampling_params.stop[0]"),
+    (GEN, "POST", {"text": "hi", "sampling_params": {"stop_token_ids": [1] * 257}}, 400, "0 to 256 items",
+     "sampling_params.stop_token_ids"),
+    (CHAT, "POST", _chat(logit_bias={str(i): 1 for i in range(1025)}), 400, "0 to 1024 entries", "logit_bias"),
+    (GEN, "POST", {"text": "hi", "rid": "r" * 257}, 400, "1 to 256 characters", "rid"),
     (COMP, "POST", _comp(timeout=0), 400, "timeout", "timeout"),
     # (written as text: neither the stdlib encoder of `requests` nor orjson writes 1000 levels)
     (GEN, "POST", (RAW, _deep('{"text": "hi", "sampling_params": {"json_schema": DEEP}}')), 400,
-     "nested too deeply", "json_schema"),
+     "nested too deeply", "sampling_params.json_schema"),
     (CHAT, "POST", (RAW, _deep('{"model": "m", "messages": [{"role": "user", "content": "hi"}], '
                                '"response_format": {"type": "json_schema", '
                                '"json_schema": {"name": "x", "schema": DEEP}}}')),

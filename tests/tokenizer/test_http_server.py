@@ -167,7 +167,7 @@ def test_tokenize_counts_what_generate_counts_and_detokenize_inverts_it(server: 
     assert batch["tokens"][0] == one["tokens"] and batch["count"] == [one["count"], len(batch["tokens"][1])]
     back = requests.post(server.url + "/detokenize", json={"tokens": one["tokens"]}, timeout=30).json()
     assert back["text"] == text
-    for path, body, param in [("/tokenize", {"prompt": 5}, "prompt"), ("/detokenize", {"tokens": [-1]}, "tokens"),
+    for path, body, param in [("/tokenize", {"prompt": 5}, "prompt"), ("/detokenize", {"tokens": [-1]}, "tokens[0]"),
                               ("/detokenize", {"tokens": [10**9]}, "tokens")]:
         bad = requests.post(server.url + path, json=body, timeout=30)
         assert bad.status_code == 400 and bad.json()["error"]["param"] == param

@@ -195,7 +195,7 @@ def test_children_exit_when_their_parent_dies() -> None:
 
 
 def test_import_runtime_is_lazy() -> None:
-    code = ("import sys, runtime, tokenizer.launch, tokenizer.generate_body, tokenizer.request_state\n"
+    code = ("import sys, runtime, tokenizer.launch, tokenizer.native.generate, tokenizer.request_state\n"
             "import detokenizer.manager\n"
             "assert 'torch' not in sys.modules and 'transformers' not in sys.modules\n"
             "from runtime import Engine\n"

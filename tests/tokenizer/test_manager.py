@@ -18,7 +18,9 @@ import pytest
 from runtime.contracts.config import ServerConfig
 from runtime.contracts.errors import InvalidRequest
 from tests.tokenizer.fake_scheduler import run_fake_scheduler
+from tokenizer.core.pipeline import generate
 from tokenizer.engine import Engine
+from tokenizer.native.generate import parse_generate
 
 CONTEXT = 256
 WAIT_S = 15.0
@@ -165,8 +167,8 @@ def test_cancelled_consumer_sends_abort(engine: Engine) -> None:
     started = threading.Event()
 
     async def consume() -> None:
-        async for _ in await tm.generate({"input_ids": [9, 8, 7], "rid": "cancel-me", "stream": True,
-                                    "sampling_params": {"max_new_tokens": 200}}):
+        async for _ in await generate(tm, parse_generate({"input_ids": [9, 8, 7], "rid": "cancel-me", "stream": True,
+                                                          "sampling_params": {"max_new_tokens": 200}})):
             started.set()
 
     future = asyncio.run_coroutine_threadsafe(consume(), engine.loop)
@@ -204,16 +206,16 @@ def test_flush_cache_and_server_info(engine: Engine) -> None:
 
 
 @pytest.mark.parametrize("kwargs, param", [
-    ({"prompt": "ok", "sampling_params": {"temperature": -1}}, "temperature"),
-    ({"prompt": "ok", "sampling_params": {"bogus": 1}}, "bogus"),
+    ({"prompt": "ok", "sampling_params": {"temperature": -1}}, "sampling_params.temperature"),
+    ({"prompt": "ok", "sampling_params": {"bogus": 1}}, "sampling_params.bogus"),
     ({"input_ids": [1, 49152]}, "input_ids"),
     ({"input_ids": [[1, 2], [3, 10**6]]}, "input_ids"),
     ({"prompt": "hello " * 300}, "text"),
-    ({"input_ids": [1] * 200, "sampling_params": {"max_new_tokens": 100}}, "max_new_tokens"),
-    ({"prompt": "ok", "sampling_params": {"n": 5}}, "n"),
+    ({"input_ids": [1] * 200, "sampling_params": {"max_new_tokens": 100}}, "sampling_params.max_new_tokens"),
+    ({"prompt": "ok", "sampling_params": {"n": 5}}, "sampling_params.n"),
     ({"prompt": "ok", "return_logprob": True, "top_logprobs_num": 50}, "top_logprobs_num"),
     ({"input_ids": [1, 2], "logprob_start_len": 2}, "logprob_start_len"),
-    ({"prompt": ["fine", "also fine"], "sampling_params": [{}, {"top_p": 0}]}, "top_p"),
+    ({"prompt": ["fine", "also fine"], "sampling_params": [{}, {"top_p": 0}]}, "sampling_params[1].top_p"),
     ({"prompt": "ok", "priority": 3}, "priority"),  # without --enable-priority-scheduling
 ])
 def test_invalid_requests_raise_and_send_nothing(
@@ -308,8 +310,8 @@ def test_concurrent_grammar_checks_cannot_pass_the_queue_cap(engine: Engine, mon
 
         async def one(i: int) -> Any:
             try:
-                return [out async for out in await tm.generate(
-                    {"input_ids": [7, 8], "sampling_params": {"max_new_tokens": 1}})][-1]
+                return [out async for out in await generate(tm, parse_generate(
+                    {"input_ids": [7, 8], "sampling_params": {"max_new_tokens": 1}}))][-1]
             except Overloaded as exc:
                 return exc
 
@@ -326,6 +328,6 @@ def test_concurrent_grammar_checks_cannot_pass_the_queue_cap(engine: Engine, mon
 
     outs = _run(engine, scenario())
     assert sum(isinstance(o, Overloaded) for o in outs) == 3, outs
-    assert all(o["meta_info"]["finish_reason"]["type"] == "length" for o in outs if not isinstance(o, Overloaded))
+    assert all(o.finished.reason == "length" for o in outs if not isinstance(o, Overloaded))
     assert tm._reserved == 0
     _run(engine, _check(tm))

@@ -1,13 +1,13 @@
-"""The OpenAPI document (tokenizer/openapi.py, openapi_bodies.py) against the code it describes:
-the routes `create_app` serves, the fields and ranges the validators accept, the error shape,
-and the route itself (in-process app, fake manager). The live server meets schemathesis in
+"""The OpenAPI document (tokenizer/openapi.py, built from the field specs) against the code it
+describes: the routes `create_app` serves, the fields and ranges the validators accept, the
+error shape, and the route itself (in-process app, fake manager). The live server meets schemathesis in
 test_fuzz_schemathesis.py."""
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
+import re
 from dataclasses import fields
 from typing import Any, ClassVar
 
@@ -20,18 +20,20 @@ from runtime.contracts.config import ServerConfig
 from runtime.contracts.errors import InvalidRequest
 from runtime.contracts.sampling import SamplingParams
 from tokenizer import native_api, token_routes
+from tokenizer.core.fields import MAX_PROMPTS, MAX_TOKENS, SamplingSpec
+from tokenizer.core.spec import parse
+from tokenizer.core.tools import TOOL_NAME
 from tokenizer.errors import error_body
-from tokenizer.generate_body import SingleRequest, normalize_generate
 from tokenizer.http_server import create_app
-from tokenizer.limits import RequestLimits, check_request
-from tokenizer.openai import constraints, protocol, template_vars
-from tokenizer.openapi import SchemaLimits, document
-from tokenizer.openapi_bodies import INT64_MAX, TEMPLATE_VAR_PATTERN, TOOL_NAME_PATTERN
+from tokenizer.limits import RequestLimits
+from tokenizer.native.generate import parse_generate
+from tokenizer.openai.chat import parse_chat
+from tokenizer.openai.common import SAMPLING_FIELDS, SAMPLING_NAMES
+from tokenizer.openai.completions import parse_completion
+from tokenizer.openapi import BODIES, document
 from tokenizer.server_state import ServerState
 
-LIMITS = SchemaLimits(token_budget=2048, vocab_size=1000, max_n=4, max_top_logprobs=20,
-                      max_prompts=8, api_key=False)
-DOC = document(LIMITS)
+DOC = document()
 SCHEMAS = DOC["components"]["schemas"]
 CHAT = [{"role": "user", "content": "hi"}]
 
@@ -51,12 +53,17 @@ def _optional(name: str) -> dict[str, dict[str, Any]]:
     return {k: v for k, v in _props(name).items() if k not in required}
 
 
+def _alternative(prop: dict[str, Any], kind: str) -> dict[str, Any]:
+    """The member of `prop`'s anyOf of JSON type `kind`."""
+    return next(alt for alt in prop["anyOf"] if alt.get("type") == kind)
+
+
 # ---------------------------------------------------------------- the document
 
 
 @pytest.mark.parametrize("api_key", [False, True])
 def test_the_document_is_valid_openapi_3_1(api_key: bool) -> None:
-    doc = document(dataclasses.replace(LIMITS, api_key=api_key))
+    doc = document(api_key)
     schemathesis.openapi.from_dict(doc).validate()  # against the 3.1 meta-schema
     assert doc["openapi"] == "3.1.0" and json.loads(json.dumps(doc)) == doc
 
@@ -86,7 +93,7 @@ def test_every_answer_names_its_statuses_and_errors_are_the_error_object() -> No
 
 
 def test_an_api_key_is_documented_and_health_stays_open() -> None:
-    doc = document(dataclasses.replace(LIMITS, api_key=True))
+    doc = document(api_key=True)
     assert doc["security"] == [{"bearer": []}]
     assert doc["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
     assert doc["paths"]["/health"]["get"]["security"] == []
@@ -95,46 +102,79 @@ def test_an_api_key_is_documented_and_health_stays_open() -> None:
     assert "security" not in DOC and "401" not in DOC["paths"]["/generate"]["post"]["responses"]
 
 
-def test_the_servers_caps_are_the_bounds() -> None:
-    sampling = _props("SamplingParams")
-    assert sampling["max_new_tokens"]["maximum"] == LIMITS.token_budget - 1
-    assert sampling["n"]["maximum"] == LIMITS.max_n
-    assert sampling["stop_token_ids"]["items"]["maximum"] == LIMITS.vocab_size - 1
-    assert _props("CompletionRequest")["logprobs"]["maximum"] == LIMITS.max_top_logprobs
-    text = _props("GenerateRequest")["text"]["anyOf"][1]
-    assert text["maxItems"] == LIMITS.max_prompts
+def test_the_specs_bounds_are_the_documents() -> None:
+    """The document is the specs' (the server's own caps, --max-n and the context, are checked
+    after parsing and named in their 400s)."""
+    sampling = _props("SamplingSpec")
+    assert _alternative(sampling["n"], "integer")["maximum"] == 1024
+    assert _alternative(sampling["stop_token_ids"], "array")["items"]["exclusiveMaximum"] == 1 << 31
+    assert _alternative(_props("CompletionRequest")["logprobs"], "integer")["maximum"] == 1024
+    text = _alternative(_props("GenerateRequest")["text"], "array")
+    assert text["maxItems"] == MAX_PROMPTS and text["items"]["minLength"] == 1
 
 
-def test_copied_patterns_are_the_validators() -> None:
-    assert f"^{constraints._NAME.pattern}$" == TOOL_NAME_PATTERN
-    assert f"^{template_vars._KEY.pattern}$" == TEMPLATE_VAR_PATTERN
+def _chat_accepted(extra: dict[str, Any]) -> bool:
+    try:
+        parse_chat({"messages": CHAT, **extra}, ServerConfig(), "m")
+    except InvalidRequest:
+        return False
+    return True
+
+
+def _documented(schema: str, field: str, value: Any) -> bool:
+    return jsonschema_rs.validator_for(_props(schema)[field]).is_valid(value)
+
+
+@pytest.mark.parametrize("key", ["ok_1", "_x", "1x", "a-b", "a" * 64, "a" * 65, ""])
+def test_a_template_variables_name_is_documented_as_validated(key: str) -> None:
+    documented = _documented("ChatCompletionRequest", "chat_template_kwargs", {key: 1})
+    assert _chat_accepted({"chat_template_kwargs": {key: 1}}) == documented, key
+
+
+@pytest.mark.parametrize("key", ["5", "-3", "x", "1.5", "1" * 11, ""])
+def test_a_logit_bias_key_is_documented_as_validated(key: str) -> None:
+    assert _documented("SamplingSpec", "logit_bias", {key: 1.0}) == _spec_accepts({"logit_bias": {key: 1.0}}), key
+    assert not _documented("SamplingSpec", "logit_bias", {key: 101.0})
+
+
+@pytest.mark.parametrize("name", ["get_weather", "a-b_9", "bad name", "x" * 64, "x" * 65, "", "é"])
+def test_a_tool_names_pattern_is_the_validators(name: str) -> None:
+    pattern = SCHEMAS["FunctionSpec"]["properties"]["name"]["pattern"]
+    assert pattern == TOOL_NAME
+    tool = {"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}
+    assert _chat_accepted({"tools": [tool]}) == (re.search(pattern, name) is not None), name
 
 
 # ---------------------------------------------------------------- sampling parameters
 
 
 def test_sampling_params_are_the_fields_from_dict_accepts() -> None:
-    props = _props("SamplingParams")
+    props = _props("SamplingSpec")
     assert set(props) == {f.name for f in fields(SamplingParams)} | {"sampling_seed"}
-    assert SCHEMAS["SamplingParams"]["additionalProperties"] is False
+    assert SCHEMAS["SamplingSpec"]["additionalProperties"] is False
     assert all(_accepts_null(p) for p in props.values())
-    nulls = {name: None for name in props if name != "sampling_seed"}
-    assert SamplingParams.from_dict(nulls) == SamplingParams()
+    nulls = {name: None for name in props}
+    assert SamplingParams.from_dict(parse(SamplingSpec, nulls).as_params()) == SamplingParams()
 
 
 SAMPLES = {"integer": 1, "number": 0.5, "boolean": True, "string": "x", "array": [], "object": {}}
 
 
-@pytest.mark.parametrize("name", sorted(_props("SamplingParams")))
-def test_documented_types_are_the_types_from_dict_accepts(name: str) -> None:
-    validator = jsonschema_rs.validator_for(_props("SamplingParams")[name])
+def _spec_accepts(body: dict[str, Any]) -> bool:
+    """The spec parses `body` and SamplingParams takes what it gives (its ranges aside)."""
+    try:
+        params = parse(SamplingSpec, body).as_params()
+    except InvalidRequest:
+        return False
+    SamplingParams.from_dict(params)  # NOTE: never refuses what the spec let through
+    return True
+
+
+@pytest.mark.parametrize("name", sorted(_props("SamplingSpec")))
+def test_documented_types_are_the_types_the_spec_accepts(name: str) -> None:
+    validator = jsonschema_rs.validator_for(_props("SamplingSpec")[name])
     for kind, value in SAMPLES.items():
-        try:
-            SamplingParams.from_dict({name: value})
-            accepted = True
-        except InvalidRequest:
-            accepted = False
-        assert validator.is_valid(value) == accepted, (name, kind)
+        assert validator.is_valid(value) == _spec_accepts({name: value}), (name, kind)
 
 
 def _bound_cases(prop: dict[str, Any], integer: bool = False) -> list[tuple[Any, bool]]:
@@ -144,7 +184,7 @@ def _bound_cases(prop: dict[str, Any], integer: bool = False) -> list[tuple[Any,
     cases: list[tuple[Any, bool]] = []
     for key, inside, outside in (("minimum", 0, -step), ("maximum", 0, step),
                                  ("exclusiveMinimum", step, 0), ("exclusiveMaximum", -step, 0)):
-        if key in prop and prop[key] != INT64_MAX:  # INT64_MAX: what JSON readers keep
+        if key in prop:
             cases += [(prop[key] + inside, True), (prop[key] + outside, False)]
     if "const" in prop:
         cases.append((prop["const"], True))
@@ -154,53 +194,31 @@ def _bound_cases(prop: dict[str, Any], integer: bool = False) -> list[tuple[Any,
 
 
 def _request_accepted(name: str, value: Any) -> bool:
-    """Through `SamplingParams` and `check_request`, with a one-token prompt."""
-    lim = RequestLimits(vocab_size=LIMITS.vocab_size, context_length=LIMITS.token_budget,
-                        kv_total=None, max_n=LIMITS.max_n, max_top_logprobs=LIMITS.max_top_logprobs)
-    body = {name: value, **({"max_new_tokens": LIMITS.token_budget - 1}
-                            if name == "min_new_tokens" else {})}
+    """Through the spec, `SamplingParams` and its `validate` (no vocabulary: the model's limits
+    are the manager's, after parsing)."""
+    body = {name: value, **({"max_new_tokens": MAX_TOKENS} if name == "min_new_tokens" else {})}
     try:
-        params = SamplingParams.from_dict(body)
-        check_request(SingleRequest(rid="r", input_ids=[1]), [1], params, lim)
+        SamplingParams.from_dict(parse(SamplingSpec, body).as_params()).validate()
     except InvalidRequest as exc:
-        assert exc.param == ("seed" if name == "sampling_seed" else name), exc
+        assert exc.param in (name, "seed" if name == "sampling_seed" else name), exc
         return False
     return True
 
 
-@pytest.mark.parametrize("name", sorted(_props("SamplingParams")))
+@pytest.mark.parametrize("name", sorted(_props("SamplingSpec")))
 def test_documented_ranges_are_the_validators(name: str) -> None:
-    for value, documented in _bound_cases(_props("SamplingParams")[name]):
+    for value, documented in _bound_cases(_props("SamplingSpec")[name]):
         assert _request_accepted(name, value) == documented, (name, value)
     if name == "seed":
-        assert _request_accepted("seed", INT64_MAX) and not _request_accepted("seed", INT64_MAX + 1)
+        assert _request_accepted("seed", (1 << 63) - 1) and not _request_accepted("seed", 1 << 63)
 
 
 # ---------------------------------------------------------------- request bodies
 
 
-class Recording(dict[str, Any]):
-    """A body that notes every key a validator reads."""
-
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
-        self.read: set[str] = set()
-
-    def get(self, key: str, default: Any = None) -> Any:
-        self.read.add(key)
-        return super().get(key, default)
-
-    def __getitem__(self, key: str) -> Any:
-        self.read.add(key)
-        return super().__getitem__(key)
-
-    def __contains__(self, key: object) -> bool:
-        self.read.add(str(key))
-        return super().__contains__(key)
-
-
 class FakeManager:
     scheduler_info: ClassVar[dict[str, int]] = {"vocab_size": 10}
+    limits = RequestLimits(vocab_size=10, context_length=64, kv_total=None, max_n=4, max_top_logprobs=5)
 
     class encoder:  # the manager's attribute
         @staticmethod
@@ -211,9 +229,9 @@ class FakeManager:
         async def decode(seqs: list[list[int]], skip_special_tokens: bool = False) -> list[str]:
             return ["x" for _ in seqs]
 
-    async def abort(self, rid: str) -> None: ...
+    async def abort(self, rid: str, owner: str | None = None) -> None: ...
 
-    async def abort_all(self) -> None: ...
+    async def abort_all(self, owner: str | None = None) -> None: ...
 
 
 class FakeServer:
@@ -223,89 +241,85 @@ class FakeServer:
         return FakeManager()
 
 
-def test_generate_fields_are_the_keys_normalize_generate_reads() -> None:
-    body = Recording({"text": "hi"})
-    normalize_generate(body)
-    assert body.read == set(_props("GenerateRequest"))
+@pytest.mark.parametrize("schema", sorted(BODIES))
+def test_each_body_is_its_spec(schema: str) -> None:
+    model = BODIES[schema]
+    assert set(_props(schema)) == {f.alias or name for name, f in model.model_fields.items()}
+    required = {f.alias or name for name, f in model.model_fields.items() if f.is_required()}
+    assert set(SCHEMAS[schema].get("required", [])) == required
+
+
+def test_generate_fields_are_the_ones_parse_generate_takes() -> None:
+    assert "additionalProperties" not in SCHEMAS["GenerateRequest"]  # unknown fields are ignored (SGLang's)
     prompts = ("text", "input_ids")
     nulls = {name: None for name in _optional("GenerateRequest") if name not in prompts}
-    assert len(normalize_generate({"text": "hi", **nulls}).requests) == 1
+    assert len(parse_generate({"text": "hi", **nulls}).prompts) == 1
+    assert parse_generate({"text": "hi", "not_a_field": 1}).prompts[0].prompt == "hi"
 
 
-@pytest.mark.parametrize("schema, route, body, null_base", [
-    ("TokenizeRequest", token_routes.tokenize, {"prompt": "hi"}, {"prompt": "hi"}),
-    ("DetokenizeRequest", token_routes.detokenize, {"tokens": [1]}, {"tokens": [1]}),
-    ("AbortRequest", native_api.abort_request, {"rid": "r"}, {"abort_all": True}),
+def _tokenize(server: FakeServer, body: Any) -> Any:
+    return token_routes.tokenize(server, body)  # type: ignore[arg-type]
+
+
+def _detokenize(server: FakeServer, body: Any) -> Any:
+    return token_routes.detokenize(server, body)  # type: ignore[arg-type]
+
+
+def _abort(server: FakeServer, body: Any) -> Any:
+    return native_api.abort_request(server, body, "")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("schema, route, null_base", [
+    ("TokenizeRequest", _tokenize, {"prompt": "hi"}),
+    ("DetokenizeRequest", _detokenize, {"tokens": [1]}),
+    ("AbortRequest", _abort, {"rid": "r", "abort_all": True}),
 ])
-def test_token_and_abort_fields_are_the_keys_their_routes_read(
-        schema: str, route: Any, body: dict[str, Any], null_base: dict[str, Any]) -> None:
-    recording = Recording(body)
-    asyncio.run(route(FakeServer(), recording))
-    ignored = {"model"} & set(_props(schema))  # documented as accepted and ignored
-    assert recording.read == set(_props(schema)) - ignored
+def test_token_and_abort_routes_take_null_where_documented(schema: str, route: Any,
+                                                            null_base: dict[str, Any]) -> None:
+    assert SCHEMAS[schema]["additionalProperties"] is False
+    with pytest.raises(InvalidRequest) as info:
+        asyncio.run(route(FakeServer(), {**null_base, "extra": 1}))
+    assert info.value.param == "extra"
     for name, prop in _optional(schema).items():
-        if name in ignored:
-            continue
         with_null = {**null_base, name: None}
         if _accepts_null(prop):
             asyncio.run(route(FakeServer(), with_null))
         else:
-            with pytest.raises(InvalidRequest):
+            with pytest.raises(InvalidRequest) as info:
                 asyncio.run(route(FakeServer(), with_null))
+            assert info.value.param == name
 
 
-def test_openai_bodies_are_the_protocol_tables() -> None:
-    extensions = set(protocol.NEUTRAL_EXTENSIONS)
-    assert set(_props("CompletionRequest")) == protocol.COMPLETION_FIELDS | extensions
-    assert set(_props("ChatCompletionRequest")) == protocol.CHAT_FIELDS | extensions
+def test_openai_bodies_take_every_sampling_field() -> None:
     for name in ("CompletionRequest", "ChatCompletionRequest"):
         assert SCHEMAS[name]["additionalProperties"] is False
-    for openai_name, ours in protocol.SAMPLING_FIELDS.items():
-        assert openai_name in _props("ChatCompletionRequest"), ours
+        assert set(SAMPLING_FIELDS) <= set(_props(name)), name
+    params = {f.name for f in fields(SamplingParams)}
+    assert {SAMPLING_NAMES.get(n, n) for n in SAMPLING_FIELDS} <= params
 
 
 def _nulls(schema: str) -> dict[str, None]:
     return {k: None for k, v in _optional(schema).items() if _accepts_null(v)}
 
 
-def _plan(schema: str, extra: dict[str, Any]) -> protocol.OpenAIPlan:
-    if schema == "CompletionRequest":
-        return protocol.plan_completion({"prompt": "hi", **extra}, "m", 20, decode=lambda ids: "")
-    return protocol.plan_chat({"messages": CHAT, **extra}, "m", 20, 64,
-                              render=lambda messages, kwargs: [1, 2])
-
-
 @pytest.mark.parametrize("schema", ["CompletionRequest", "ChatCompletionRequest"])
 def test_null_is_accepted_where_documented_and_refused_elsewhere(schema: str) -> None:
-    plan = _plan(schema, _nulls(schema))
-    for single in normalize_generate(plan.body).requests:  # the manager takes what nulls became
-        SamplingParams.from_dict(single.sampling_params).validate(LIMITS.vocab_size)
-    refused = [k for k, v in _optional(schema).items() if not _accepts_null(v)]
-    assert set(refused) == set(protocol.NEUTRAL_EXTENSIONS)
-    for name in refused:
-        with pytest.raises(InvalidRequest):
-            _plan(schema, {name: None})
+    if schema == "CompletionRequest":
+        req = parse_completion({"prompt": "hi", **_nulls(schema)}, "m").req
+    else:
+        req = parse_chat({"messages": CHAT, **_nulls(schema)}, ServerConfig(), "m").req
+    for prompt in req.prompts:  # the manager takes what nulls became
+        SamplingParams.from_dict(prompt.sampling).validate(1000)
+    assert [k for k, v in _optional(schema).items() if not _accepts_null(v)] == []
 
 
 # ---------------------------------------------------------------- the route
 
 
-class DocManager:
-    """What `SchemaLimits.of` reads from a TokenizerManager."""
-
-    dead_reason: str | None = None
-    is_healthy = True
-    on_output = None
-    on_reject = None
-    vocab_size = 1000
-    context_length = 512
-    scheduler_info: ClassVar[dict[str, int]] = {"max_total_tokens": 256}
-
-
 def _get_document(config: ServerConfig, headers: dict[str, str]) -> tuple[int, dict[str, Any]]:
     async def run() -> tuple[int, dict[str, Any]]:
         server = ServerState(config)
-        server.attach(DocManager())  # type: ignore[arg-type]
+        server.attach(FakeManager())  # type: ignore[arg-type]
         async with TestClient(TestServer(create_app(server))) as client:
             resp = await client.get("/openapi.json", headers=headers)
             return resp.status, await resp.json()
@@ -313,22 +327,15 @@ def _get_document(config: ServerConfig, headers: dict[str, str]) -> tuple[int, d
     return asyncio.run(run())
 
 
-def test_the_route_serves_this_servers_document() -> None:
-    config = ServerConfig(max_n=3)
-    status, doc = _get_document(config, {})
-    assert status == 200
-    sampling = doc["components"]["schemas"]["SamplingParams"]["properties"]
-    assert sampling["max_new_tokens"]["maximum"] == 255  # the KV pool is smaller than the context
-    assert sampling["n"]["maximum"] == 3
-    assert doc == document(SchemaLimits(token_budget=256, vocab_size=1000, max_n=3,
-                                        max_top_logprobs=config.max_top_logprobs,
-                                        max_prompts=config.max_prompts_per_request, api_key=False))
+def test_the_route_serves_the_document() -> None:
+    status, doc = _get_document(ServerConfig(max_n=3), {})
+    assert status == 200 and doc == DOC
 
 
 def test_the_route_needs_the_key_and_passes_the_browser_guard() -> None:
     keyed = ServerConfig(api_key="k")
     assert _get_document(keyed, {})[0] == 401
     status, doc = _get_document(keyed, {"Authorization": "Bearer k"})
-    assert status == 200 and doc["security"] == [{"bearer": []}]
+    assert status == 200 and doc["security"] == [{"bearer": []}] and doc == document(api_key=True)
     status, body = _get_document(ServerConfig(), {"Origin": "https://evil.example"})
     assert status == 403 and body["error"]["type"] == "permission_error"

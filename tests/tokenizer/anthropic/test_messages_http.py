@@ -96,6 +96,22 @@ def test_forced_tool_use_then_tool_result(client: anthropic.Anthropic) -> None:
         out.usage.input_tokens + (out.usage.cache_read_input_tokens or 0)
 
 
+def test_an_assistant_turn_echoed_by_model_dump_is_accepted(client: anthropic.Anthropic) -> None:
+    """Frameworks send the answer back as `[b.model_dump() for b in message.content]`: every field
+    the client's models hold (`caller`, `toolset_name`, `citations`, nulls included) comes back,
+    and the same prompt renders as when the blocks are echoed as they came."""
+    kwargs: Any = {**GREEDY, "max_tokens": 32, "tools": [WEATHER],
+                   "tool_choice": {"type": "tool", "name": "get_weather"}}
+    out = client.messages.create(messages=ASK_WEATHER, **kwargs)
+    dumped = [b.model_dump() for b in out.content]
+    assert set(dumped[0]) > {"type", "id", "name", "input"}, dumped  # the client's extra fields
+    result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": out.content[0].id, "content": "18"}]}
+    counts = [client.messages.count_tokens(model="m", tools=[WEATHER],
+                                           messages=[*ASK_WEATHER, {"role": "assistant", "content": content}, result])
+              for content in (dumped, out.content)]
+    assert counts[0].input_tokens == counts[1].input_tokens > 0
+
+
 def test_a_shared_prefix_is_read_from_the_cache(client: anthropic.Anthropic) -> None:
     system = "You are a careful assistant. " + " ".join(f"Rule {i}: be brief." for i in range(40))
     for question in ("Name a fruit.", "Name a tree."):

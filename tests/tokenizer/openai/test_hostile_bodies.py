@@ -1,6 +1,12 @@
-"""Hostile chat bodies against the validation alone (no server, no tokenizer): every one is an
-InvalidRequest naming the field, never another exception; `chat_template_kwargs` carries template
-variables only; a request's template needs --trust-request-chat-template."""
+"""Hostile chat bodies against the validation alone (`parse_chat`: the chat spec and its checks; no
+server, no tokenizer): every one is an InvalidRequest naming the field's full path, never another
+exception; `chat_template_kwargs` carries template variables only; a request's template needs
+--trust-request-chat-template.
+
+Lone surrogates in plain strings (content, names, stop) never reach the parse: the server's JSON
+reader (orjson) refuses them in a body; where a JSON text inside a string is parsed again (a
+history call's `arguments`) or free JSON is bounded (tool parameters, template variables), they
+are refused here."""
 
 from __future__ import annotations
 
@@ -14,11 +20,11 @@ import pytest
 
 from runtime.contracts.config import ServerConfig, add_cli_arguments, config_from_args
 from runtime.contracts.errors import InvalidRequest
-from tokenizer.chat_template import RESERVED, reserved_names
-from tokenizer.openai.json_bounds import Bounds, describe, find_problem, load_json_text
-from tokenizer.openai.protocol import check_chat, plan_chat
-from tokenizer.openai.template_vars import check_template_kwargs
-from tokenizer.openai.tool_calls import ToolCallStream, parse_tool_calls
+from tokenizer.core.chat_template import RESERVED, RequestTemplate, reserved_names
+from tokenizer.core.json_bounds import Bounds, describe, find_problem, load_json_text
+from tokenizer.core.request import ChatInput
+from tokenizer.core.tool_calls import ToolCallStream, parse_tool_calls
+from tokenizer.openai.chat import ChatRequest, parse_chat
 
 DEEP_LIST = orjson.loads("[" * 1000 + "]" * 1000)  # what orjson lets through (limit 1024)
 DEEP_OBJECT = orjson.loads('{"a":' * 1000 + "{}" + "}" * 1000)
@@ -45,14 +51,27 @@ def _with(path: tuple[Any, ...], value: Any) -> dict[str, Any]:
     return body
 
 
+def _chat(body: Any, trust: bool = False) -> ChatRequest:
+    return parse_chat(body, ServerConfig(trust_request_chat_template=trust), "m")
+
+
+def _input(body: Any, trust: bool = False) -> ChatInput:
+    prompt = _chat(body, trust).req.prompts[0].prompt
+    assert isinstance(prompt, ChatInput)
+    return prompt
+
+
 def _rejected(body: Any, trust: bool = False) -> InvalidRequest:
     with pytest.raises(InvalidRequest) as info:
-        check_chat(body, 5, trust)
+        _chat(body, trust)
     json.dumps(info.value.message).encode("utf-8")  # the message itself can be sent
+    param = info.value.param
+    assert param is not None and info.value.message.startswith(param), info.value.message[:200]
+    assert len(info.value.message) < 1000  # never a client's megabytes echoed back
     return info.value
 
 
-HOSTILE: list[tuple[tuple[Any, ...], Any, str]] = [
+HOSTILE: list[tuple[tuple[Any, ...], Any, str | None]] = [
     # (where in BODY, value, the param of the 400)
     (("messages", 1, "tool_calls", 0, "function", "arguments"), "[" * 50_000 + "]" * 50_000, ARGS),
     (("messages", 1, "tool_calls", 0, "function", "arguments"), '{"x": "\\ud800"}', ARGS),
@@ -75,28 +94,28 @@ HOSTILE: list[tuple[tuple[Any, ...], Any, str]] = [
     (("messages", 0, "role"), DEEP_LIST, "messages[0].role"),
     (("messages", 0, "role"), ["user"], "messages[0].role"),
     (("messages", 0, "role"), {"a": 1}, "messages[0].role"),
-    (("messages", 0, "content"), "hi \ud800", "messages[0].content"),
-    (("messages", 0, "content"), [{"type": "text", "text": "\udfff"}], "messages[0].content[0].text"),
-    (("messages", 0, "content"), [{"type": DEEP_LIST}], "messages[0].content"),
+    (("messages", 0, "content"), [{"type": DEEP_LIST}], "messages[0].content[0].type"),
     (("messages", 0, "content"), DEEP_OBJECT, "messages[0].content"),
     (("messages", 0, "name"), DEEP_LIST, "messages[0].name"),
-    (("messages", 0, "name"), "\ud800", "messages[0].name"),
     (("messages", 2, "tool_call_id"), 7, "messages[2].tool_call_id"),
     (("messages", 0), DEEP_LIST, "messages[0]"),
-    (("tools", 0, "function", "description"), "\ud800", "tools[0].function.description"),
+    (("tools", 0, "function", "description"), DEEP_OBJECT, "tools[0].function.description"),
     (("tools", 0, "function", "name"), DEEP_LIST, "tools[0].function.name"),
     (("tools", 0, "function", "strict"), "yes", "tools[0].function.strict"),
     (("tools", 0, "function", "parameters", "properties"), DEEP_OBJECT, "tools[0].function.parameters"),
     (("tools", 0, "function", "parameters", "properties", "x"), {"enum": ["\ud800"]},
      "tools[0].function.parameters"),
-    (("tool_choice",), DEEP_OBJECT, "tool_choice"),
-    (("tool_choice",), {"type": "function", "function": {"name": DEEP_LIST}}, "tool_choice"),
-    (("response_format",), {"type": DEEP_LIST}, "response_format"),
+    (("tool_choice",), DEEP_OBJECT, "tool_choice.type"),
+    (("tool_choice",), {"type": "function", "function": {"name": DEEP_LIST}}, "tool_choice.function.name"),
+    (("response_format",), {"type": DEEP_LIST}, "response_format.type"),
+    (("response_format",), {"type": "y" * 100_000}, "response_format.type"),
     (("timeout",), DEEP_LIST, "timeout"),
     (("temperature",), 10**5000, "temperature"),
-    (("stop",), ["\ud800"], "stop"),
+    (("stop",), [DEEP_LIST], "stop[0]"),
+    (("stop",), ["x" * 100_000], "stop[0]"),
     (("return_hidden_states",), DEEP_OBJECT, "return_hidden_states"),
     (("stream_options",), {"x" * 100_000: 1}, "stream_options"),
+    (("x" * 100_000,), 1, None),
     (("chat_template_kwargs",), DEEP_LIST, "chat_template_kwargs"),
     (("chat_template_kwargs",), {"x": DEEP_OBJECT}, "chat_template_kwargs.x"),
 ]
@@ -105,17 +124,25 @@ HOSTILE: list[tuple[tuple[Any, ...], Any, str]] = [
 @pytest.mark.parametrize(("path", "value", "param"), HOSTILE,
                          ids=[f"{i}-{'.'.join(map(str, h[0]))}" for i, h in enumerate(HOSTILE)])
 def test_hostile_values_are_400s_naming_the_field(path: tuple[Any, ...], value: Any,
-                                                  param: str) -> None:
+                                                  param: str | None) -> None:
+    if param is None:  # an unknown top-level field with a huge name: the error names no field
+        with pytest.raises(InvalidRequest) as info:
+            _chat(_with(path, value))
+        assert info.value.param is None and len(info.value.message) < 1000
+        return
     assert _rejected(_with(path, value)).param == param
 
 
 def test_the_unharmed_body_passes_and_keeps_its_shape() -> None:
-    chat = check_chat(copy.deepcopy(BODY), 5)
-    call = chat.prompt.messages[1]["tool_calls"][0]
+    chat = _chat(copy.deepcopy(BODY))
+    prompt = chat.req.prompts[0].prompt
+    assert isinstance(prompt, ChatInput)
+    call = prompt.messages[1]["tool_calls"][0]
     assert call == {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
-    assert chat.prompt.tools == [TOOL] and chat.prompt.variables == {} and chat.prompt.template is None
+    assert prompt.tools is not None and prompt.tools.as_openai_tools() == [TOOL]
+    assert prompt.variables == {} and prompt.template is None
     fine = _with(("messages", 1, "tool_calls", 0, "function", "arguments"), "not json at all")
-    kept = check_chat(fine, 5).prompt.messages[1]["tool_calls"][0]["function"]["arguments"]
+    kept = _input(fine).messages[1]["tool_calls"][0]["function"]["arguments"]
     assert kept == "not json at all"  # a history is rendered as written, not judged
 
 
@@ -138,39 +165,36 @@ def test_a_request_template_needs_the_trust_flag() -> None:
 
 
 def test_with_the_trust_flag_a_request_template_goes_through() -> None:
-    seen: dict[str, Any] = {}
-
-    def render(messages: list[dict[str, Any]], kwargs: dict[str, Any]) -> list[int]:
-        seen.update(kwargs)
-        return [1, 2]
-
-    for body in ({**BODY, "chat_template_kwargs": {"chat_template": "T", "flag": 1}},
-                 {**BODY, "chat_template": "T", "chat_template_kwargs": {"flag": 1}}):
-        seen.clear()
-        plan_chat(body, "m", 5, 100, render, trust_template=True)
-        assert seen["chat_template"] == "T" and seen["flag"] == 1 and seen["tools"] == [TOOL]
+    for body, where in (({**BODY, "chat_template_kwargs": {"chat_template": "T", "flag": 1}},
+                         "chat_template_kwargs.chat_template"),
+                        ({**BODY, "chat_template": "T", "chat_template_kwargs": {"flag": 1}}, "chat_template")):
+        prompt = _input(body, trust=True)
+        assert prompt.template == RequestTemplate("T", where) and prompt.variables == {"flag": 1}
+        assert prompt.tools is not None and prompt.tools.as_openai_tools() == [TOOL]
     both = {**BODY, "chat_template": "T", "chat_template_kwargs": {"chat_template": "U"}}
     assert _rejected(both, trust=True).param == "chat_template_kwargs.chat_template"
-    for bad in ("", 5, "x" * 70_000, "\ud800"):
+    for bad in ("", 5, "x" * 70_000):
         assert _rejected({**BODY, "chat_template": bad}, trust=True).param == "chat_template"
+    for bad in ("", 5, "   "):
+        injected = {**BODY, "chat_template_kwargs": {"chat_template": bad}}
+        assert _rejected(injected, trust=True).param == "chat_template_kwargs.chat_template"
 
 
 def test_template_variables_are_small_plain_json() -> None:
-    variables, template = check_template_kwargs(
-        {"chat_template_kwargs": {"enable_thinking": False, "reasoning_effort": "low",
-                                  "opts": {"a": [1, 2.5, None]}}}, trust=False)
-    assert variables["enable_thinking"] is False and template is None
+    body = {**BODY, "chat_template_kwargs": {"enable_thinking": False, "reasoning_effort": "low",
+                                             "opts": {"a": [1, 2.5, None]}}}
+    prompt = _input(body)
+    assert prompt.variables["enable_thinking"] is False and prompt.template is None
     bad: list[tuple[dict[str, Any], str]] = [
-        ({"a-b": 1}, "chat_template_kwargs"), ({"1a": 1}, "chat_template_kwargs"),
+        ({"a-b": 1}, "chat_template_kwargs.a-b"), ({"1a": 1}, "chat_template_kwargs.1a"),
         ({"x" * 65: 1}, "chat_template_kwargs"), ({"s": "x" * 20_000}, "chat_template_kwargs.s"),
         ({"d": [[[[[[[[[1]]]]]]]]]}, "chat_template_kwargs.d"),
-        ({f"k{i}": "x" * 9000 for i in range(8)}, "chat_template_kwargs"),
+        ({f"k{i}": "x" * 9000 for i in range(8)}, "chat_template_kwargs"),  # 64 KiB in all
+        ({f"k{i}": i for i in range(65)}, "chat_template_kwargs"),
         ({"s": "\ud800"}, "chat_template_kwargs.s"), ({"f": float("nan")}, "chat_template_kwargs.f"),
     ]
     for kwargs, param in bad:
-        with pytest.raises(InvalidRequest) as info:
-            check_template_kwargs({"chat_template_kwargs": kwargs}, trust=False)
-        assert info.value.param == param, kwargs
+        assert _rejected({**BODY, "chat_template_kwargs": kwargs}).param == param, kwargs
 
 
 def test_reserved_names_cover_the_installed_transformers() -> None:

@@ -1,5 +1,5 @@
-"""Reasoning parsers on recorded model outputs: the split, and streamed deltas (fed in every
-chunking) that join to the non-streamed fields."""
+"""Reasoning parsers on recorded model outputs (tokenizer/core/reasoning.py): the split, and
+streamed deltas (pushed in every chunking) that join to the non-streamed fields."""
 
 from __future__ import annotations
 
@@ -11,9 +11,13 @@ import pytest
 
 from runtime.contracts.config import ServerConfig
 from tokenizer.admission import PromptEncoder
+from tokenizer.core.pipeline import render_chats
+from tokenizer.core.reasoning import PARSERS, ReasoningStream, opens_in_reasoning, split_reasoning
+from tokenizer.core.request import GenRequest
+from tokenizer.limits import RequestLimits
 from tokenizer.manager import TokenizerManager
-from tokenizer.openai.api import plan_chat_request
-from tokenizer.openai.reasoning import PARSERS, ReasoningStream, opens_in_reasoning, split_reasoning
+from tokenizer.openai.chat import parse_chat
+from tokenizer.openai.responses.request import parse_response
 
 # Recorded shapes: Qwen3-0.6B with thinking on; DeepSeek-R1-Distill (its template opens <think>).
 QWEN3 = ("<think>\nThe user asks for the capital of France. That is Paris.\n</think>\n\n"
@@ -43,16 +47,32 @@ def test_split(parser: str, text: str, reasoning: str | None, content: str) -> N
 def test_streamed_deltas_join_to_the_split(parser: str, text: str, step: int, stream_reasoning: bool) -> None:
     fmt = PARSERS[parser]
     stream = ReasoningStream(fmt, stream_reasoning)
-    reasoning, sent_content, content = "", "", ""
+    reasoning, content = "", ""
     ends = list(range(step, len(text), step)) + [len(text)]
+    start = 0
     for end in ends:
-        delta, content = stream.feed(text[:end], finished=end == len(text))
-        reasoning += delta
-        assert content.startswith(sent_content)  # the content only grows
-        sent_content = content
-        assert fmt.end not in reasoning
+        thought, said = stream.push(text[start:end], finished=end == len(text))
+        start = end
+        reasoning += thought
+        content += said
+        assert fmt.end not in reasoning and fmt.start not in content
+        if not stream_reasoning and end < len(text) and split_reasoning(text[:end], fmt).open:
+            assert reasoning == ""  # sent in one delta once complete
     split = split_reasoning(text, fmt)
     assert reasoning == (split.reasoning or "") and content == split.content
+    assert stream.held == ""  # nothing is held once finished
+
+
+def test_a_push_holds_only_the_undecided_tail() -> None:
+    stream = ReasoningStream(PARSERS["qwen3"])
+    assert stream.push("<thi", False) == ("", "")  # may still become the start tag
+    assert stream.push("nk>\nabc  ", False) == ("abc", "")  # trailing whitespace held
+    assert stream.push("def</th", False) == ("  def", "")  # a partial closing tag held
+    assert stream.push("ink>\n\n", False) == ("", "")  # the gap before the content
+    assert stream.push("Answer", False) == ("", "Answer")
+    assert stream.push(" here.", True) == ("", " here.")
+    plain = ReasoningStream(PARSERS["qwen3"])
+    assert plain.push("Hello", False) == ("", "Hello")  # no block: content as it comes
 
 
 # --- grammars after the reasoning: when the chat routes set grammar_after_ids ---
@@ -87,14 +107,24 @@ def thinking_tokenizer(default_model_path: str) -> Any:
     return tok
 
 
+def _manager(tokenizer: Any) -> Any:
+    """What the chat pipeline reads of a TokenizerManager, with its real apply_chat_template."""
+    limits = RequestLimits(vocab_size=len(tokenizer), context_length=2048, kv_total=None, max_n=4,
+                           max_top_logprobs=5)
+    tm = types.SimpleNamespace(tokenizer=tokenizer, encoder=PromptEncoder(tokenizer), limits=limits)
+    tm.apply_chat_template = types.MethodType(TokenizerManager.apply_chat_template, tm)
+    return tm
+
+
+def _rendered_sampling(tokenizer: Any, req: GenRequest) -> dict[str, Any]:
+    rendered = asyncio.run(render_chats(_manager(tokenizer), req))
+    return dict(rendered.prompts[0].sampling)
+
+
 def plan_for(tokenizer: Any, body: dict[str, Any], parser: str = "qwen3") -> dict[str, Any]:
     """The sampling params the chat pipeline sends for `body` on a server with `parser`."""
-    tm = types.SimpleNamespace(tokenizer=tokenizer, encoder=PromptEncoder(tokenizer), context_length=2048,
-                               scheduler_info={})
-    tm.apply_chat_template = types.MethodType(TokenizerManager.apply_chat_template, tm)
-    plan = asyncio.run(plan_chat_request(tm, ServerConfig(reasoning_parser=parser), body, "m"))
-    sampling: dict[str, Any] = plan.body["sampling_params"]
-    return sampling
+    chat = parse_chat(body, ServerConfig(reasoning_parser=parser), "m")
+    return _rendered_sampling(tokenizer, chat.req)
 
 
 JSON_FORMAT = {"response_format": {"type": "json_object"}}
@@ -109,11 +139,10 @@ def test_a_grammar_waits_for_the_reasoning_end(thinking_tokenizer: Any, extra: d
 
 
 def test_a_responses_text_format_waits_for_the_reasoning_end(thinking_tokenizer: Any) -> None:
-    from tokenizer.openai.responses.protocol import check_response
-
     body = {"model": "m", "input": "hi", "text": {"format": {"type": "json_object"}}}
-    chat = check_response(body, reasoning_parser=True).chat_request([])
-    assert plan_for(thinking_tokenizer, chat)["grammar_after_ids"]
+    parsed = parse_response(body, ServerConfig(reasoning_parser="qwen3"))
+    sampling = _rendered_sampling(thinking_tokenizer, parsed.request([], "resp_1"))
+    assert sampling["grammar_after_ids"] == thinking_tokenizer.encode("</think>", add_special_tokens=False)
 
 
 @pytest.mark.parametrize("case", ["no parser", "no grammar", "tool_choice auto", "thinking off",

@@ -1,29 +1,27 @@
 """Pure unit tests of tool calls and chat constraints: validation of tools / tool_choice /
-response_format, forced-call schemas (and what their grammars admit), prompts and history
-rendering, parsing, streamed call events under every chunking, and the chat renderer's tool-call
-responses and stream deltas (no server, no tokenizer)."""
+response_format (tokenizer/openai/chat.py's parse, tokenizer/core/tools.py), forced-call schemas
+(and what their grammars admit), prompts and history rendering (tokenizer/core/tool_prompts.py),
+parsing and streamed call events under every chunking (tokenizer/core/tool_calls.py), and the
+chat answer's tool-call responses and stream deltas, folded from the core's events (no server,
+no tokenizer)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
+import types
 from typing import Any
 
 import pytest
 
+from runtime.contracts.config import ServerConfig
 from runtime.contracts.errors import InvalidRequest
-from tokenizer.openai.api import ChatRenderer
-from tokenizer.openai.constraints import (
-    ANY_JSON,
-    ToolChoice,
-    ToolPlan,
-    chat_constraints,
-    check_tool_choice,
-    check_tools,
-    forced_call_schema,
-)
-from tokenizer.openai.protocol import plan_chat
-from tokenizer.openai.tool_calls import (
+from tokenizer.core.choices import ChoiceReader
+from tokenizer.core.events import Finished, Tokens, Update, Usage
+from tokenizer.core.pipeline import render
+from tokenizer.core.request import ChatInput
+from tokenizer.core.tool_calls import (
     ArgumentsDelta,
     CallFinished,
     CallStarted,
@@ -34,12 +32,14 @@ from tokenizer.openai.tool_calls import (
     parse_for_plan,
     parse_tool_calls,
 )
-from tokenizer.openai.tool_prompts import (
+from tokenizer.core.tool_prompts import (
     adapt_to_template,
     messages_as_text,
     messages_for_template,
     with_tool_prompt,
 )
+from tokenizer.core.tools import EMPTY_PARAMETERS, ToolChoice, ToolPlan, forced_call_schema, tool_plan
+from tokenizer.openai.chat import ANY_JSON, ChatAnswer, ChatRequest, parse_chat
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather in a city",
@@ -50,34 +50,64 @@ NAMES = ["get_weather", "get_time"]
 MSG = [{"role": "user", "content": "weather in Paris?"}]
 
 
-def _chat(**req: Any):
-    seen: dict[str, Any] = {}
-
-    def render(messages: list[dict[str, Any]], kwargs: dict[str, Any]) -> list[int]:
-        seen.update(messages=messages, kwargs=kwargs)
-        return [1, 2, 3]
-
-    plan = plan_chat({"model": "m", "messages": MSG, **req}, "served", 5, context_length=100,
-                     render=render)
-    return plan, seen
+def _chat(**body: Any) -> ChatRequest:
+    return parse_chat({"model": "m", "messages": MSG, **body}, ServerConfig(), "served")
 
 
-def _out(text: str, reason: str | None = "stop", index: int | None = None) -> dict[str, Any]:
-    out = {"text": text, "output_ids": [1], "meta_info": {
-        "id": "r", "finish_reason": None if reason is None else {"type": reason},
-        "prompt_tokens": 3, "completion_tokens": 1, "cached_tokens": 0}}
-    if index is not None:
-        out["index"] = index
-    return out
+def _plan(chat: ChatRequest) -> ToolPlan:
+    plan = chat.req.read.tools
+    assert plan is not None
+    return plan
+
+
+def _input(chat: ChatRequest) -> ChatInput:
+    prompt = chat.req.prompts[0].prompt
+    assert isinstance(prompt, ChatInput)
+    return prompt
+
+
+def _functions(*tools: dict[str, Any]) -> list[dict[str, Any]]:
+    """The tools as the request's plan holds them."""
+    return _plan(_chat(tools=list(tools))).functions
+
+
+def _error(**body: Any) -> InvalidRequest:
+    with pytest.raises(InvalidRequest) as info:
+        _chat(**body)
+    assert info.value.param is not None and info.value.message.startswith(info.value.param), info.value
+    return info.value
+
+
+def _updates(chat: ChatRequest, choice: int, deltas: list[str], reason: str | None = "stop") -> list[Update]:
+    """The core's updates of one choice whose output came in `deltas` (finished with `reason`
+    after the last one, unless None)."""
+    reader = ChoiceReader(choice, chat.req.read)
+    usage = Usage(3, 1, 0)
+    updates = []
+    for k, delta in enumerate(deltas):
+        finished = k == len(deltas) - 1 and reason is not None
+        events = [*reader.read(delta, finished), Tokens(choice, [1], None, None, usage)]
+        if finished:
+            events.append(Finished(choice, {"type": reason}, usage, "r", 0.0))
+        updates.append(Update(choice, events))
+    return updates
+
+
+def _final(chat: ChatRequest, text: str, reason: str = "stop") -> dict[str, Any]:
+    """The non-streamed chat answer of one output."""
+    answer = ChatAnswer(chat)
+    for update in _updates(chat, 0, [text], reason):
+        answer.update(update)
+    return answer.final()
 
 
 # ---------------------------------------------------------------- validation
 
 
 def test_tools_are_validated_and_normalized() -> None:
-    functions = check_tools([WEATHER, TIME])
+    functions = _functions(WEATHER, TIME)
     assert functions[0]["name"] == "get_weather" and functions[0]["description"]
-    assert functions[1] == {"name": "get_time", "parameters": {"type": "object", "properties": {}}}
+    assert functions[1] == {"name": "get_time", "parameters": EMPTY_PARAMETERS}
 
 
 @pytest.mark.parametrize(("tools", "param"), [
@@ -89,38 +119,35 @@ def test_tools_are_validated_and_normalized() -> None:
      "tools[0].function.parameters"),
     ([{"type": "function", "function": {"name": "f", "parameters": []}}],
      "tools[0].function.parameters"),
-    ([TIME, TIME], "tools[1].function.name"),
+    ([TIME, TIME], "tools"),
 ])
 def test_bad_tools_name_the_field(tools: Any, param: str) -> None:
-    with pytest.raises(InvalidRequest) as info:
-        check_tools(tools)
-    assert info.value.param == param
+    assert _error(tools=tools).param == param
 
 
 def test_tool_choice() -> None:
-    assert check_tool_choice(None, NAMES) == ToolChoice("auto")
-    assert check_tool_choice(None, []) == ToolChoice("none")
-    assert check_tool_choice("required", NAMES).forced
-    named = check_tool_choice({"type": "function", "function": {"name": "get_time"}}, NAMES)
-    assert named == ToolChoice("named", "get_time") and named.forced
-    for bad in ("sometimes", {"type": "function", "function": {"name": "nope"}},
-                {"type": "function"}, 3):
-        with pytest.raises(InvalidRequest) as info:
-            check_tool_choice(bad, NAMES)
-        assert info.value.param == "tool_choice"
-    with pytest.raises(InvalidRequest, match="needs tools"):
-        check_tool_choice("required", [])
+    assert _plan(_chat(tools=[WEATHER, TIME])).choice == ToolChoice("auto")
+    assert _chat().req.read.tools is None  # no tools: choice none, nothing parsed
+    assert _plan(_chat(tools=[WEATHER, TIME], tool_choice="required")).choice.forced
+    named = _plan(_chat(tools=[WEATHER, TIME], tool_choice={"type": "function", "function": {"name": "get_time"}}))
+    assert named.choice == ToolChoice("named", "get_time") and named.choice.forced
+    unknown = {"type": "function", "function": {"name": "nope"}}
+    for bad, param in (("sometimes", "tool_choice"), (unknown, "tool_choice"),
+                       ({"type": "function"}, "tool_choice.function"), (3, "tool_choice")):
+        assert _error(tools=[WEATHER, TIME], tool_choice=bad).param == param
+    err = _error(tool_choice="required")
+    assert err.param == "tool_choice" and "needs tools" in err.message
+    assert tool_plan(_functions(TIME), ToolChoice("none")) is None
 
 
 def test_response_format_maps_to_json_schema() -> None:
-    assert chat_constraints({"response_format": {"type": "text"}}).grammar == {}
-    assert chat_constraints({"response_format": {"type": "json_object"}}).grammar == {
-        "json_schema": ANY_JSON}
+    assert "json_schema" not in _chat(response_format={"type": "text"}).req.prompts[0].sampling
+    assert _chat(response_format={"type": "json_object"}).req.prompts[0].sampling["json_schema"] == ANY_JSON
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
-    c = chat_constraints({"response_format": {"type": "json_schema", "json_schema": {
-        "name": "x", "schema": schema, "strict": True}}})
-    assert json.loads(c.grammar["json_schema"]) == schema
-    assert c.renames == {"json_schema": "response_format.json_schema.schema"}
+    req = _chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema,
+                                                                         "strict": True}}).req
+    assert json.loads(req.prompts[0].sampling["json_schema"]) == schema
+    assert req.names["json_schema"] == "response_format.json_schema.schema"
 
 
 @pytest.mark.parametrize(("req", "param"), [
@@ -129,7 +156,7 @@ def test_response_format_maps_to_json_schema() -> None:
     ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
     ({"response_format": {"type": "json_schema", "json_schema": {"schema": {}, "strict": 1}}},
      "response_format.json_schema.strict"),
-    ({"response_format": {"type": "yaml"}}, "response_format"),
+    ({"response_format": {"type": "yaml"}}, "response_format.type"),
     ({"response_format": "json"}, "response_format"),
     ({"response_format": {"type": "json_object"}, "regex": "a"}, "response_format"),
     ({"tools": [WEATHER], "tool_choice": "required", "ebnf": "root ::= 'a'"}, "tool_choice"),
@@ -137,25 +164,23 @@ def test_response_format_maps_to_json_schema() -> None:
      "tool_choice"),
 ])
 def test_conflicting_or_malformed_constraints(req: dict[str, Any], param: str) -> None:
-    with pytest.raises(InvalidRequest) as info:
-        chat_constraints(req)
-    assert info.value.param == param
+    assert _error(**req).param == param
 
 
 def test_none_and_auto_add_no_grammar() -> None:
-    assert chat_constraints({"tools": [WEATHER], "tool_choice": "none"}).tools is None
-    auto = chat_constraints({"tools": [WEATHER], "regex": "a"})
-    assert auto.grammar == {} and auto.tools is not None and not auto.tools.choice.forced
-    text_ok = chat_constraints({"tools": [WEATHER], "tool_choice": "required",
-                                "response_format": {"type": "text"}})
-    assert text_ok.tools is not None and "json_schema" in text_ok.grammar
+    assert _chat(tools=[WEATHER], tool_choice="none").req.read.tools is None
+    auto = _chat(tools=[WEATHER], regex="a").req
+    assert "json_schema" not in auto.prompts[0].sampling and auto.prompts[0].sampling["regex"] == "a"
+    assert auto.read.tools is not None and not auto.read.tools.choice.forced
+    text_ok = _chat(tools=[WEATHER], tool_choice="required", response_format={"type": "text"}).req
+    assert text_ok.read.tools is not None and "json_schema" in text_ok.prompts[0].sampling
 
 
 # ---------------------------------------------------------------- forced-call schemas
 
 
 def test_named_call_schema() -> None:
-    plan = ToolPlan(check_tools([WEATHER, TIME]), ToolChoice("named", "get_weather"))
+    plan = ToolPlan(_functions(WEATHER, TIME), ToolChoice("named", "get_weather"))
     schema = forced_call_schema(plan)
     assert schema == {"type": "object", "properties": {
         "name": {"const": "get_weather"}, "arguments": WEATHER["function"]["parameters"]},
@@ -168,7 +193,7 @@ def test_required_call_schema_is_any_of_the_tools_with_defs_hoisted() -> None:
         "type": "object", "properties": {"item": {"$ref": "#/$defs/Item"}},
         "$defs": {"Item": {"type": "string"}}}}}
     for parallel in (False, True):
-        plan = ToolPlan(check_tools([TIME, ref_tool]), ToolChoice("required"), parallel)
+        plan = ToolPlan(_functions(TIME, ref_tool), ToolChoice("required"), parallel)
         schema = forced_call_schema(plan)
         assert schema is not None
         call = schema["items"] if parallel else schema
@@ -179,20 +204,44 @@ def test_required_call_schema_is_any_of_the_tools_with_defs_hoisted() -> None:
         assert "$defs" not in call["anyOf"][1]["properties"]["arguments"]
 
 
+class _Templater:
+    """What the pipeline's `render` reads of a TokenizerManager: a template that takes `tools`
+    and `tool_calls` itself, and an apply_chat_template that records what it is given."""
+
+    def __init__(self) -> None:
+        self.tokenizer = types.SimpleNamespace(chat_template="{{ tools }}{{ message.tool_calls }}")
+        self.seen: dict[str, Any] = {}
+
+        async def encode_texts(texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
+            return [[1, 2, 3] for _ in texts]
+
+        self.encoder = types.SimpleNamespace(encode_texts=encode_texts)
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], tools: Any = None, **variables: Any) -> str:
+        self.seen.update(messages=messages, tools=tools, variables=variables)
+        return "prompt"
+
+
+def _rendered(chat: ChatRequest) -> dict[str, Any]:
+    """What the chat template was given for the request's prompt."""
+    tm = _Templater()
+    assert asyncio.run(render(tm, _input(chat))).ids == [1, 2, 3]  # type: ignore[arg-type]
+    return tm.seen
+
+
 def test_forced_plan_puts_the_schema_in_sampling_params() -> None:
-    plan, seen = _chat(tools=[WEATHER], tool_choice={"type": "function",
-                                                     "function": {"name": "get_weather"}})
-    schema = json.loads(plan.body["sampling_params"]["json_schema"])
+    chat = _chat(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    schema = json.loads(chat.req.prompts[0].sampling["json_schema"])
     assert schema["properties"]["name"] == {"const": "get_weather"}
-    assert plan.renames == {"json_schema": "tools"} and plan.tools is not None
-    assert seen["kwargs"]["tools"] == [{"type": "function", "function": check_tools([WEATHER])[0]}]
+    assert chat.req.names["json_schema"] == "tools" and chat.req.read.tools is not None
+    assert _rendered(chat)["tools"] == [{"type": "function", "function": _functions(WEATHER)[0]}]
 
 
 # ---------------------------------------------------------------- prompts and history
 
 
 def test_tool_prompt_goes_into_the_system_message() -> None:
-    functions = check_tools([WEATHER])
+    functions = _functions(WEATHER)
     added = with_tool_prompt(MSG, functions)
     assert added[0]["role"] == "system" and "<tool_call>" in added[0]["content"]
     assert '"get_weather"' in added[0]["content"] and added[1:] == MSG
@@ -228,7 +277,7 @@ def test_history_for_a_template_with_tool_support() -> None:
 
 
 def test_adapt_to_template() -> None:
-    tools = [{"type": "function", "function": check_tools([WEATHER])[0]}]
+    tools = [{"type": "function", "function": _functions(WEATHER)[0]}]
     chatml = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
     messages, kwargs = adapt_to_template(chatml, HISTORY, {"tools": tools, "x": 1})
     assert kwargs == {"x": 1} and "<tool_call>" in messages[0]["content"]
@@ -239,13 +288,12 @@ def test_adapt_to_template() -> None:
 
 
 def test_history_messages_are_validated_and_kept() -> None:
-    _, seen = _chat(messages=HISTORY)
-    assert seen["messages"][1]["tool_calls"][0]["function"]["name"] == "get_weather"
-    assert seen["messages"][2]["tool_call_id"] == "call_1"
+    chat = _chat(messages=HISTORY)
+    for messages in (_input(chat).messages, _rendered(chat)["messages"]):
+        assert messages[1]["tool_calls"][0]["function"]["name"] == "get_weather"
+        assert messages[2]["tool_call_id"] == "call_1"
     bad = [*MSG, {"role": "assistant", "content": None, "tool_calls": [{"function": 3}]}]
-    with pytest.raises(InvalidRequest) as info:
-        _chat(messages=bad)
-    assert info.value.param == "messages[1].tool_calls[0]"
+    assert _error(messages=bad).param == "messages[1].tool_calls[0].function"
 
 
 # ---------------------------------------------------------------- parsing
@@ -349,9 +397,14 @@ def _chunkings(n: int) -> list[list[int]]:
     return cuts
 
 
-def _stream(parser: str, text: str, max_calls: int | None, cuts: list[int]) -> list[list[ToolEvent]]:
+def _stream(parser: str, text: str, max_calls: int | None, cuts: list[int],
+            push: bool = False) -> list[list[ToolEvent]]:
+    """The events of each feed: the cumulative text (`events`), or only what is new (`push`)."""
     stream = ToolCallStream(NAMES, False, parser, max_calls=max_calls)
-    return [stream.events(text[:k], k == len(text)) for k in cuts or [0]]
+    if not push:
+        return [stream.events(text[:k], k == len(text)) for k in cuts or [0]]
+    starts = [0, *cuts]
+    return [stream.push(text[a:b], b == len(text)) for a, b in zip(starts, cuts or [0])]
 
 
 def _joined(feeds: list[list[ToolEvent]]) -> tuple[str, list[tuple[str, str]]]:
@@ -382,7 +435,8 @@ def test_streamed_events_join_to_the_parse_in_every_chunking(
     parsed = parse_tool_calls(text, NAMES, parser, max_calls=max_calls)
     assert parsed.content == content and [(c.name, c.arguments) for c in parsed.calls] == calls
     for cuts in _chunkings(len(text)):
-        assert _joined(_stream(parser, text, max_calls, cuts)) == (content or "", calls), cuts
+        for push in (False, True):
+            assert _joined(_stream(parser, text, max_calls, cuts, push)) == (content or "", calls), (cuts, push)
 
 
 PIECES = ["<tool_call>", "</tool_call>", "{", "}", "[", "]", '"name"', ":", ",", '"get_time"', '"arguments"',
@@ -405,6 +459,7 @@ def test_random_outputs_stream_as_they_parse(parser: str) -> None:
             random_cuts = sorted(set(rng.sample(range(1, n), min(n - 1, 4)))) + [n] if n > 1 else [n]
             for cuts in (list(range(1, n + 1)), random_cuts):
                 assert _joined(_stream(parser, text, max_calls, cuts)) == want, (text, cuts)
+                assert _joined(_stream(parser, text, max_calls, cuts, push=True)) == want, (text, cuts)
 
 
 @pytest.mark.parametrize("parser,text", [(p, t) for p, t, _, _, calls in CASES if calls])
@@ -467,12 +522,12 @@ def test_feed_sends_content_now_and_calls_at_the_end() -> None:
 
 
 def test_plan_streams_use_its_choice_and_parallel_flag() -> None:
-    plan, _ = _chat(tools=[WEATHER, TIME], tool_choice="required", parallel_tool_calls=False)
-    assert plan.tools is not None and not plan.tools.parallel
-    parsed = parse_for_plan(FORCED_MANY, plan.tools, "hermes")  # forced: read as bare JSON
+    plan = _plan(_chat(tools=[WEATHER, TIME], tool_choice="required", parallel_tool_calls=False))
+    assert not plan.parallel
+    parsed = parse_for_plan(FORCED_MANY, plan, "hermes")  # forced: read as bare JSON
     assert [c.name for c in parsed.calls] == ["get_weather"]
     ids = iter(["call_a", "call_b"])
-    stream = ToolCallStream.for_plan(plan.tools, "hermes", new_id=lambda: next(ids))
+    stream = ToolCallStream.for_plan(plan, "hermes", new_id=lambda: next(ids))
     assert [e.id for e in stream.events(FORCED_MANY, True) if isinstance(e, CallStarted)] == ["call_a"]
 
 
@@ -513,20 +568,18 @@ def test_forced_grammars_admit_one_or_several_calls(choice: str, parallel: bool,
     """required: one or more calls (one with parallel_tool_calls false); a named function:
     exactly one call of it. What they admit parses back into that many calls."""
     tool_choice: Any = choice if choice == "required" else {"type": "function", "function": {"name": choice}}
-    plan, _ = _chat(tools=[WEATHER_STRICT, TIME_STRICT], tool_choice=tool_choice, parallel_tool_calls=parallel)
-    schema = json.loads(plan.body["sampling_params"]["json_schema"])
+    chat = _chat(tools=[WEATHER_STRICT, TIME_STRICT], tool_choice=tool_choice, parallel_tool_calls=parallel)
+    schema = json.loads(chat.req.prompts[0].sampling["json_schema"])
     for text in accepted:
         assert _accepts(schema, text), text
-        assert plan.tools is not None and parse_for_plan(text, plan.tools, "auto").calls
+        assert parse_for_plan(text, _plan(chat), "auto").calls
     for text in refused:
         assert not _accepts(schema, text), text
 
 
 def test_parallel_tool_calls_must_be_a_boolean() -> None:
-    with pytest.raises(InvalidRequest) as info:
-        _chat(tools=[WEATHER], parallel_tool_calls="no")
-    assert info.value.param == "parallel_tool_calls"
-    assert _chat(tools=[WEATHER])[0].tools.parallel  # type: ignore[union-attr]
+    assert _error(tools=[WEATHER], parallel_tool_calls="no").param == "parallel_tool_calls"
+    assert _plan(_chat(tools=[WEATHER])).parallel
 
 
 # ---------------------------------------------------------------- chat responses
@@ -536,38 +589,39 @@ CALL_TEXT = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
 
 
 def test_chat_response_with_a_tool_call() -> None:
-    plan, _ = _chat(tools=[WEATHER, TIME], tool_choice="required")
-    choice = ChatRenderer(plan).final(_out(CALL_TEXT))["choices"][0]
+    chat = _chat(tools=[WEATHER, TIME], tool_choice="required")
+    choice = _final(chat, CALL_TEXT)["choices"][0]
     assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
     call = choice["message"]["tool_calls"][0]
     assert call["type"] == "function" and call["function"]["name"] == "get_weather"
-    assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
-    cut = ChatRenderer(plan).final(_out(CALL_TEXT[:20], "length"))["choices"][0]
+    assert call["id"].startswith("call_") and json.loads(call["function"]["arguments"]) == {"city": "Paris"}
+    cut = _final(chat, CALL_TEXT[:20], "length")["choices"][0]
     assert cut["finish_reason"] == "length" and cut["message"] == {
         "role": "assistant", "content": CALL_TEXT[:20]}
-    plain, _ = _chat()
-    assert ChatRenderer(plain).final(_out(CALL_TEXT))["choices"][0]["finish_reason"] == "stop"
+    assert _final(_chat(), CALL_TEXT)["choices"][0]["finish_reason"] == "stop"
 
 
 def test_chat_stream_with_tool_calls() -> None:
-    plan, _ = _chat(tools=[WEATHER], stream=True, n=2)
-    r = ChatRenderer(plan)
-    chunks = r.start()
+    chat = _chat(tools=[WEATHER], stream=True, n=2)
+    answer = ChatAnswer(chat)
+    chunks = answer.start()
     text = "Checking.<tool_call>" + CALL_TEXT + "</tool_call>"
-    for k in (5, 12, 30, 50, 58, 65, len(text)):
-        chunks += r.chunks(_out(text[:k], None if k < len(text) else "stop", index=0))
-    chunks += r.chunks(_out("Hi", "stop", index=1))
+    cuts = [5, 12, 30, 50, 58, 65, len(text)]
+    deltas = [text[a:b] for a, b in zip([0, *cuts], cuts)]
+    for update in _updates(chat, 0, deltas) + _updates(chat, 1, ["Hi"]):
+        chunks += answer.update(update)
     by_index: dict[int, list[dict[str, Any]]] = {0: [], 1: []}
     for c in chunks:
         by_index[c["choices"][0]["index"]].append(c["choices"][0])
     zero = by_index[0]
+    assert zero[0]["delta"] == {"role": "assistant", "content": ""}  # the role first
     assert "".join(c["delta"].get("content") or "" for c in zero) == "Checking."
     calls = [c["delta"]["tool_calls"][0] for c in zero if "tool_calls" in c["delta"]]
     assert calls[0] == {"index": 0, "id": calls[0]["id"], "type": "function",
                         "function": {"name": "get_weather", "arguments": ""}}
     fragments = [c["function"]["arguments"] for c in calls[1:]]
     assert len(fragments) == 3 and all("id" not in c and "name" not in c["function"] for c in calls[1:])
-    plain = ChatRenderer(plan).final(_out(text))["choices"][0]["message"]["tool_calls"][0]
+    plain = _final(chat, text)["choices"][0]["message"]["tool_calls"][0]
     assert "".join(fragments) == plain["function"]["arguments"] == '{"city": "Paris"}'
     assert [c["finish_reason"] for c in zero if c["finish_reason"]] == ["tool_calls"]
     assert zero[-1]["finish_reason"] == "tool_calls" and zero[-1]["delta"] == {}
@@ -576,8 +630,8 @@ def test_chat_stream_with_tool_calls() -> None:
 
 
 def test_chat_calls_cut_by_length_keep_the_reason() -> None:
-    plan, _ = _chat(tools=[WEATHER], tool_choice="required")
+    chat = _chat(tools=[WEATHER], tool_choice="required")
     cut = CALL_TEXT[:45]  # inside the arguments: a call, with the arguments so far
-    choice = ChatRenderer(plan).final(_out(cut, "length"))["choices"][0]
+    choice = _final(chat, cut, "length")["choices"][0]
     assert choice["finish_reason"] == "length"
     assert choice["message"]["tool_calls"][0]["function"]["arguments"] == cut[cut.index("{", 1):]

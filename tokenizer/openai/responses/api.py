@@ -1,45 +1,39 @@
 """The /v1/responses routes' logic (the aiohttp handlers in http_server.py call these).
 
-    POST   /v1/responses                 create (stream: true -> typed SSE events, `events.py`)
+    POST   /v1/responses                 create (stream: true -> typed SSE events, `answer.py`)
     GET    /v1/responses/{id}            a stored response, or a running one (in_progress)
     DELETE /v1/responses/{id}            forget a stored response
     POST   /v1/responses/{id}/cancel     abort a running response; it ends with status cancelled
 
-A create runs the chat pipeline: the previous response's history (from the store) and the new
-items become messages, rendered by the chat template, so the history is a token prefix of the
-new prompt and the radix cache serves it (usage.input_tokens_details.cached_tokens). The
-response's rid is its id: `cancel` (and /abort_request) abort it by that label. Ownership
-(`store.owner_key`): the API key the client presented and its cache salt (cache_salt or extra_key
-in the body; in the query string for GET, DELETE and cancel); another owner gets the 404 a
-missing id gets.
+A create renders the previous response's history (from the store) and the new items with the
+chat template, so the history is a token prefix of the new prompt and the radix cache serves it
+(usage.input_tokens_details.cached_tokens). The response's rid is its id: `cancel` (and
+/abort_request, by the same owner) abort it by that label. Ownership (`store.owner_key`): the API
+key the client presented and its cache salt (cache_salt or extra_key in the body; in the query
+string for GET, DELETE and cancel); another owner gets the 404 a missing id gets.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
-from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from runtime.contracts.errors import InvalidRequest
+from tokenizer.core.pipeline import generate
 from tokenizer.errors import HTTPError
-from tokenizer.openai.api import plan_chat_request
-from tokenizer.openai.protocol import OpenAIPlan, cache_key, translate
-from tokenizer.openai.reasoning import PARSERS as REASONING_PARSERS
-from tokenizer.openai.reasoning import ReasoningFormat
 from tokenizer.openai.responses import output
-from tokenizer.openai.responses.events import ResponseEvents, items_of
-from tokenizer.openai.responses.protocol import ResponseRequest, check_response, rename_error
-from tokenizer.openai.responses.store import ResponseStore, Running, owner_key
-from tokenizer.streaming import SendEvents, json_response, last_result, sse_response
+from tokenizer.openai.responses.answer import ResponseAnswer
+from tokenizer.openai.responses.request import ResponseRequest, parse_response
+from tokenizer.openai.responses.store import ResponseStore, Running
+from tokenizer.owner import request_owner
+from tokenizer.streaming import fold, json_response, stream_updates
 
 if TYPE_CHECKING:
     from runtime.contracts.config import ServerConfig
     from tokenizer.server_state import ServerState
 
-logger = logging.getLogger("radixserve.http")
 STORE: web.AppKey[ResponseStore] = web.AppKey("responses_store", ResponseStore)
 
 
@@ -50,12 +44,14 @@ def attach_store(app: web.Application, config: ServerConfig) -> None:
 
 
 def _owner(request: web.Request, salt: str | None) -> str:
-    return owner_key(request.headers.get("Authorization", ""), salt)
+    return request_owner(request.headers, salt)
 
 
 def _query_owner(request: web.Request) -> str:
     """The owner of a GET, DELETE or cancel: the key, and the salt from the query string."""
-    return _owner(request, cache_key(dict(request.query)))
+    given = [request.query.get(k) for k in ("cache_salt", "extra_key")]
+    salt = "\x00".join(k for k in given if k) or None
+    return _owner(request, salt)
 
 
 def _not_found(rid: str, param: str | None = None) -> HTTPError:
@@ -65,85 +61,66 @@ def _not_found(rid: str, param: str | None = None) -> HTTPError:
 async def create(request: web.Request, server: ServerState, body: Any) -> web.StreamResponse:
     """POST /v1/responses; see the module docstring."""
     tm = server.accepting_manager()
-    config = server.config
-    req = check_response(body, config.reasoning_parser != "none")
-    store, owner = request.app[STORE], _owner(request, req.salt)
+    parsed = parse_response(body, server.config, request_owner(request.headers))
+    store, owner = request.app[STORE], _owner(request, parsed.salt)
     history: list[dict[str, Any]] = []
-    if req.previous_response_id is not None:
-        previous = store.get(req.previous_response_id, owner)
+    if parsed.previous_response_id is not None:
+        previous = store.get(parsed.previous_response_id, owner)
         if previous is None:
-            raise _not_found(req.previous_response_id, "previous_response_id")
+            raise _not_found(parsed.previous_response_id, "previous_response_id")
         history = previous.history
     rid = output.new_id("resp_")
-    chat = {**req.chat_request(history), "rid": rid}
-    try:
-        plan = await plan_chat_request(tm, config, chat, server.model_name)
-    except InvalidRequest as exc:
-        raise rename_error(exc) from None
-    try:
-        results = await tm.generate(plan.body)
-    except InvalidRequest as exc:  # the manager's names: max_new_tokens, json_schema, ...
-        raise rename_error(translate(exc, "chat", plan.renames)) from None
-    run = _Run(req, plan, output.new_response(rid, server.model_name, req.echo), history, config)
-    running = store.start(rid, owner, run.response)
+    updates = await generate(tm, parsed.request(history, rid))
+    answer = ResponseAnswer(output.new_response(rid, server.model_name, parsed.echo), parsed.template.stream)
+    running = store.start(rid, owner, answer.response)
     try:
         with server.track():
-            async with contextlib.aclosing(results):  # type: ignore[type-var]
-                if req.stream:
-                    return await _stream(request, run, running, results, store, owner)
-                final = run.finish(await last_result(results), running.cancelled)
+            async with contextlib.aclosing(updates):  # type: ignore[type-var]
+                if answer.stream:
+                    saving = _Saving(answer, running, parsed, history, store, owner)
+                    return await stream_updates(request, updates, saving)
+                await fold(updates, answer)
+                answer.cancelled = running.cancelled
+                final = answer.final()
     finally:
         store.finish(rid)
-    run.save(store, owner, final)
+    save(parsed, history, store, owner, final)
     return json_response(final)
 
 
-class _Run:
-    """One create's parameters: how to parse the output and what to store."""
-
-    def __init__(self, req: ResponseRequest, plan: OpenAIPlan, response: dict[str, Any],
-                 history: list[dict[str, Any]], config: ServerConfig) -> None:
-        self.req, self.plan, self.response, self.history = req, plan, response, history
-        self.tool_parser = config.tool_call_parser
-        fmt = REASONING_PARSERS.get(config.reasoning_parser) if plan.separate_reasoning else None
-        self.reasoning: ReasoningFormat | None = fmt
-
-    def finish(self, out: dict[str, Any], cancelled: bool) -> dict[str, Any]:
-        meta = out["meta_info"]
-        items = items_of(out["text"], output.item_status(meta), self.reasoning, self.plan.tools, self.tool_parser)
-        return output.finished(self.response, items, meta, cancelled)
-
-    def events(self) -> ResponseEvents:
-        return ResponseEvents(self.response, self.reasoning, self.plan.tools, self.tool_parser)
-
-    def save(self, store: ResponseStore, owner: str, final: dict[str, Any]) -> None:
-        """Keep a finished response when asked (store: true), with the conversation it ends."""
-        if self.req.store and final["status"] != "failed":
-            history = self.history + self.req.items + output.history_items(final["output"])
-            store.put(final["id"], owner, final, history)
+def save(parsed: ResponseRequest, history: list[dict[str, Any]], store: ResponseStore, owner: str,
+         final: dict[str, Any]) -> None:
+    """Keep a finished response when asked (store: true), with the conversation it ends."""
+    if parsed.store and final["status"] != "failed":
+        store.put(final["id"], owner, final, history + parsed.items + output.history_items(final["output"]))
 
 
-async def _stream(request: web.Request, run: _Run, running: Running, results: AsyncIterator[Any],
-                  store: ResponseStore, owner: str) -> web.StreamResponse:
-    events = run.events()
+class _Saving:
+    """A streamed answer that stores the response before its terminal event."""
 
-    async def body(send: SendEvents) -> None:
-        await send(events.start())
-        final = None
-        async for out in results:
-            meta = out["meta_info"]
-            done = meta.get("finish_reason") is not None
-            await send(events.feed(out["text"], done, output.item_status(meta)))
-            if done:
-                final = output.finished(run.response, events.items, meta, running.cancelled)
-        if final is not None:
-            run.save(store, owner, final)
-            await send(events.end(final))
+    def __init__(self, answer: ResponseAnswer, running: Running, parsed: ResponseRequest,
+                 history: list[dict[str, Any]], store: ResponseStore, owner: str) -> None:
+        self.answer, self.running, self.parsed = answer, running, parsed
+        self.history, self.store, self.owner = history, store, owner
+        self.stream, self.named, self.done = True, True, b""
 
-    def error(status: int, message: str, param: str | None) -> list[dict[str, Any]]:
-        return [events.event("error", code=str(status), message=message, param=param)]
+    def start(self) -> list[Any]:
+        return self.answer.start()
 
-    return await sse_response(request, body, error, named=True)
+    def update(self, update: Any) -> list[Any]:
+        self.answer.cancelled = self.running.cancelled
+        return self.answer.update(update)
+
+    def end(self) -> list[Any]:
+        final = self.answer.final()
+        save(self.parsed, self.history, self.store, self.owner, final)
+        return self.answer.end()
+
+    def final(self) -> Any:
+        return self.answer.final()
+
+    def error_events(self, status: int, message: str, param: str | None) -> list[Any]:
+        return self.answer.error_events(status, message, param)
 
 
 def retrieve(request: web.Request) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Response objects and output items of /v1/responses (pure; `events.py` decides which items an
+"""Response objects and output items of /v1/responses (pure; `answer.py` decides which items an
 output makes: a `reasoning` item when the server's reasoning parser found thinking text, a
 `message` item with one `output_text` part for content, or when there is nothing else, and a
 `function_call` item per call, in the order they were generated). Status:
@@ -17,7 +17,7 @@ import secrets
 import time
 from typing import Any
 
-from tokenizer.openai.tool_calls import ToolCall
+from tokenizer.core.events import Usage
 
 
 def new_id(prefix: str) -> str:
@@ -40,9 +40,9 @@ def text_part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-def call_item(item_id: str, call: ToolCall, arguments: str | None = None, status: str = "completed") -> dict[str, Any]:
-    return {"type": "function_call", "id": item_id, "call_id": call.id, "name": call.name,
-            "arguments": call.arguments if arguments is None else arguments, "status": status}
+def call_item(item_id: str, call_id: str, name: str, arguments: str, status: str = "completed") -> dict[str, Any]:
+    return {"type": "function_call", "id": item_id, "call_id": call_id, "name": name, "arguments": arguments,
+            "status": status}
 
 
 def history_items(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -64,36 +64,29 @@ def new_response(rid: str, model: str, echo: dict[str, Any]) -> dict[str, Any]:
             "error": None, "incomplete_details": None, "model": model, "output": [], "usage": None, **echo}
 
 
-def usage(meta: dict[str, Any]) -> dict[str, Any]:
-    prompt, completion = meta["prompt_tokens"], meta["completion_tokens"]
-    return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": meta.get("cached_tokens", 0)},
+def usage(u: Usage) -> dict[str, Any]:
+    prompt, completion = u.prompt_tokens, u.completion_tokens
+    return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": u.cached_tokens},
             "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": prompt + completion}
 
 
-def final_status(meta: dict[str, Any], cancelled: bool) -> tuple[str, dict[str, Any]]:
+def final_status(detail: dict[str, Any], cancelled: bool) -> tuple[str, dict[str, Any]]:
     """(status, the fields that come with it) for a finished generation."""
-    reason = meta.get("finish_reason") or {}
-    kind = reason.get("type")
+    kind = detail.get("type")
     if kind == "length":
         return "incomplete", {"incomplete_details": {"reason": "max_output_tokens"}}
     if kind == "abort":
         if cancelled:
             return "cancelled", {}
-        message = str(reason.get("message") or "the generation was aborted")
+        message = str(detail.get("message") or "the generation was aborted")
         return "failed", {"error": {"code": "server_error", "message": message}}
     return "completed", {}
 
 
-def finished(response: dict[str, Any], output: list[dict[str, Any]], meta: dict[str, Any],
+def finished(response: dict[str, Any], output: list[dict[str, Any]], detail: dict[str, Any], u: Usage,
              cancelled: bool) -> dict[str, Any]:
     """The response object once its generation ended."""
-    status, extra = final_status(meta, cancelled)
-    return {**response, "status": status, **extra, "output": output, "usage": usage(meta),
+    status, extra = final_status(detail, cancelled)
+    return {**response, "status": status, **extra, "output": list(output), "usage": usage(u),
             "completed_at": int(time.time()) if status == "completed" else None}
-
-
-def item_status(meta: dict[str, Any]) -> str:
-    """An output item's status: incomplete unless the generation ended normally."""
-    kind = (meta.get("finish_reason") or {}).get("type")
-    return "completed" if kind == "stop" else "incomplete"

@@ -7,10 +7,12 @@
 A stored response keeps its response object and its whole conversation (`history`: the input
 items it was given, its previous response's history before them, and its output items), so a
 continuation needs no other entry: evicting an older response never breaks a newer chain.
-Bounds: at most `max_count` entries and `max_bytes` bytes (each entry counts the length of its
-JSON), least recently used out first; an entry unused for `ttl` seconds is gone. NOTE: an entry
-bigger than `max_bytes` on its own is not stored (the caller reports store: false semantics by
-a later 404, as OpenAI's expired responses do).
+An entry is held as its JSON bytes (decoded on use), so the byte cap counts what the store holds.
+Bounds: at most `max_count` entries and `max_bytes` bytes; an entry unused for `ttl` seconds is
+gone. When a new entry needs room, the owner holding the most bytes gives up its least recently
+used entry first, so one client's traffic evicts its own conversations before anyone else's.
+NOTE: an entry bigger than `max_bytes` on its own is not stored (a later lookup is a 404, as
+OpenAI's expired responses are).
 
 Ownership: an entry answers only to the owner that made it (`owner_key`: a digest of the API key
 the request presented and its cache salt); anyone else gets None, exactly as for a missing id,
@@ -20,7 +22,6 @@ apart, unbounded by these caps (the admission limits bound them), so that `cance
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -29,26 +30,30 @@ from typing import Any
 
 import orjson
 
+from tokenizer.owner import owner_key
 
-def owner_key(authorization: str, salt: str | None) -> str:
-    """Who a response belongs to: the bearer token presented (any string on a key-less server,
-    so that distinct clients' keys still separate them) and the cache salt, hashed so that the
-    store holds no key. NUL-joined: ("a", "bc") and ("ab", "c") stay apart."""
-    scheme, _, token = authorization.partition(" ")
-    bearer = token.strip() if scheme.lower() == "bearer" else ""
-    raw = bearer + "\x00" + (salt if salt is not None else "\x01")
-    return hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()
+__all__ = ["ResponseStore", "Running", "Stored", "owner_key"]
 
 
 @dataclass(slots=True)
 class Stored:
-    """One finished response and the conversation it ends."""
+    """One finished response and the conversation it ends, as JSON bytes."""
 
     owner: str
-    response: dict[str, Any]
-    history: list[dict[str, Any]]
-    size: int
+    data: bytes
     expires: float
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+    @property
+    def response(self) -> dict[str, Any]:
+        return dict(orjson.loads(self.data)[0])
+
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        return list(orjson.loads(self.data)[1])
 
 
 @dataclass(slots=True)
@@ -69,6 +74,7 @@ class ResponseStore:
         self._clock = clock
         self._entries: OrderedDict[str, Stored] = OrderedDict()  # least recently used first
         self._bytes = 0
+        self._owned: dict[str, int] = {}  # bytes by owner
         self._running: dict[str, Running] = {}
 
     def __len__(self) -> int:
@@ -80,16 +86,25 @@ class ResponseStore:
 
     def put(self, rid: str, owner: str, response: dict[str, Any], history: list[dict[str, Any]]) -> bool:
         """Store a finished response (True), or not when it alone is over a cap (False)."""
-        size = len(orjson.dumps([response, history]))
+        data = orjson.dumps([response, history])
         self._drop(rid)
-        if self.max_count == 0 or size > self.max_bytes:
+        if self.max_count == 0 or len(data) > self.max_bytes:
             return False
         self._expire()
-        while self._entries and (len(self._entries) >= self.max_count or self._bytes + size > self.max_bytes):
-            self._drop(next(iter(self._entries)))
-        self._entries[rid] = Stored(owner, response, history, size, self._clock() + self.ttl)
-        self._bytes += size
+        while self._entries and (len(self._entries) >= self.max_count or self._bytes + len(data) > self.max_bytes):
+            self._drop(self._victim())
+        self._entries[rid] = Stored(owner, data, self._clock() + self.ttl)
+        self._bytes += len(data)
+        self._owned[owner] = self._owned.get(owner, 0) + len(data)
         return True
+
+    def _victim(self) -> str:
+        """The least recently used entry of the owner holding the most bytes."""
+        heaviest = max(self._owned, key=lambda o: self._owned[o])
+        return next(rid for rid, e in self._entries.items() if e.owner == heaviest)
+
+    def owned_bytes(self, owner: str) -> int:
+        return self._owned.get(owner, 0)
 
     def get(self, rid: str, owner: str) -> Stored | None:
         """The owner's live entry (now the most recently used), else None."""
@@ -136,9 +151,18 @@ class ResponseStore:
         entry = self._entries.pop(rid, None)
         if entry is not None:
             self._bytes -= entry.size
+            left = self._owned[entry.owner] - entry.size
+            if left:
+                self._owned[entry.owner] = left
+            else:
+                del self._owned[entry.owner]
 
     def check_integrity(self) -> None:
         """The byte count is the sum of the entries' sizes, and every cap holds."""
         total = sum(e.size for e in self._entries.values())
         assert total == self._bytes, f"store bytes {self._bytes} != {total}"
+        owned: dict[str, int] = {}
+        for e in self._entries.values():
+            owned[e.owner] = owned.get(e.owner, 0) + e.size
+        assert owned == self._owned, "bytes by owner disagree with the entries"
         assert len(self._entries) <= self.max_count and self._bytes <= self.max_bytes

@@ -140,7 +140,7 @@ def test_cancel_stops_a_running_response(shared_server: RunningServer) -> None:
 BAD = [
     ({"input": 5}, "input"),
     ({"input": [{"type": "message", "role": "bot", "content": "x"}]}, "input[0].role"),
-    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content[0]"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content[0].type"),
     ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": 5}]}, "input[0].arguments"),
     ({"input": "hi", "tools": [{"type": "function", "name": "bad name"}]}, "tools[0].name"),
     ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools[0].type"),

@@ -1,6 +1,6 @@
 """Reading OpenAI tool calls out of generated text, whole or as it streams (pure: no tokenizer,
 no I/O). Prompts: `tool_prompts.py`; request validation and forced-call grammars:
-`constraints.py`; the lexing of call JSON: `tool_scan.py`.
+`tools.py`; the lexing of call JSON: `tool_scan.py`.
 
 The public API (the chat route, `api.py`, uses all of it):
 
@@ -49,13 +49,13 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from runtime.contracts.stop import partial_stop_suffix_len
-from tokenizer.openai.tool_scan import (
+from tokenizer.core.tool_scan import (
     CLOSE_TAG,
     FAIL,
     MORE,
@@ -68,7 +68,7 @@ from tokenizer.openai.tool_scan import (
 )
 
 if TYPE_CHECKING:
-    from tokenizer.openai.constraints import ToolPlan
+    from tokenizer.core.tools import ToolPlan
 
 PYTHON_TAG = "<|python_tag|>"
 PARSERS = ("auto", "hermes", "qwen25", "llama3")
@@ -200,6 +200,7 @@ class ToolCallStream:
         self._head: Head | None = None
         self._blank = ""  # content held while all of it is whitespace
         self._shown = False
+        self._buf = ""  # push(): the undecided tail of the output
         self._out: list[ToolEvent] = []
         self._steps: dict[str, Callable[[str, bool], bool]] = {
             "lead": self._lead, "bare_open": self._bare_open, "head": self._read_head,
@@ -220,6 +221,37 @@ class ToolCallStream:
         events = self.events(text, finished)
         content = "".join(e.text for e in events if isinstance(e, ContentDelta))
         return content, list(self.calls) if finished else []
+
+    def push(self, delta: str, finished: bool) -> list[ToolEvent]:
+        """The events for `delta`, the text that followed what was pushed before. The stream
+        keeps only its undecided tail (`_rebase`), so a push costs the delta and that tail, not
+        the whole output."""
+        self._buf += delta
+        events = self.events(self._buf, finished)
+        self._rebase()
+        return events
+
+    def _rebase(self) -> None:
+        """Drop the decided text before every position a later step may read again: `pos`, an
+        undecided call's `mark`, an open call's arguments and a string head's end."""
+        keep = self.pos
+        if self.state not in ("text", "lead", "end"):
+            keep = min(keep, self.mark)
+        if self._call is not None:
+            keep = min(keep, self._call.args_at)
+        if self.state == "string_args" and self._head is not None:
+            keep = min(keep, self._head.end)
+        if keep <= 0:
+            return
+        self._buf = self._buf[keep:]
+        self.pos -= keep
+        self.mark = max(self.mark - keep, 0)
+        if self._call is not None:
+            self._call.args_at -= keep
+        if self._span is not None:
+            self._span.i = max(self._span.i - keep, 0)
+        if self._head is not None:
+            self._head = replace(self._head, end=max(self._head.end - keep, 0))
 
     def events(self, text: str, finished: bool) -> list[ToolEvent]:
         """The events for the cumulative `text` (which only grows) since the last call."""

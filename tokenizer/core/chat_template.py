@@ -38,7 +38,7 @@ from typing import Any, NamedTuple, Protocol
 
 from runtime.contracts.errors import InvalidRequest, Overloaded
 from runtime.support.worker_process import KillableWorker, serve
-from tokenizer.openai.json_bounds import lone_surrogate_at
+from tokenizer.core.json_bounds import lone_surrogate_at
 
 
 class Templater(Protocol):

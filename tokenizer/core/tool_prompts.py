@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 
 from runtime.contracts.json_text import client_json
-from tokenizer.openai.tool_scan import CLOSE_TAG, OPEN_TAG
+from tokenizer.core.tool_scan import CLOSE_TAG, OPEN_TAG
 
 TOOL_PROMPT = (
     "You can call functions. To call one, reply with a JSON object naming the function and giving "

@@ -90,29 +90,69 @@ def _reasoning_start(text: str, fmt: ReasoningFormat) -> int | None:
 
 
 class ReasoningStream:
-    """One streamed choice: `feed(cumulative text)` gives the reasoning delta to send now and the
-    content so far (cumulative, safe to send). Held back: an opening that may still become the
-    start tag, the reasoning's trailing whitespace and any partial closing tag."""
+    """One choice's output pushed as it grows: `push(delta, finished)` gives the reasoning and the
+    content to send now. The same rules as `split_reasoning`, decided as early as the text
+    allows: held back are an opening that may still become the start tag, the reasoning's
+    trailing whitespace, any partial closing tag, and the content's leading whitespace. It keeps
+    only that undecided tail, so a push costs its delta, not the whole output.
+
+    Phases: lead (before the block is decided) -> reasoning -> gap (whitespace after the closing
+    tag) -> content; an output without a block goes from lead to content as it is."""
 
     def __init__(self, fmt: ReasoningFormat, stream_reasoning: bool = True) -> None:
         self.fmt, self.stream_reasoning = fmt, stream_reasoning
-        self.sent = 0  # reasoning characters sent
+        self.phase = "lead"
+        self.held = ""  # undecided text of the current phase
+        self.started = False  # reasoning text (not whitespace) was sent
 
-    def feed(self, text: str, finished: bool) -> tuple[str, str]:
-        fmt = self.fmt
-        stripped = text.lstrip()
-        if not finished and not fmt.opened_in_prompt and fmt.start.startswith(stripped):
-            return "", ""  # blank so far, or a partial opening tag: undecided
-        split = split_reasoning(text, fmt)
-        reasoning, content = split.reasoning or "", split.content
-        if not finished:
-            if split.reasoning is None:
-                return "", text
-            if split.open:  # send what cannot be trailing whitespace or part of the closing tag
-                if not self.stream_reasoning:
-                    return "", ""
-                body = text[_reasoning_start(text, fmt) or 0:].lstrip()
-                reasoning = body[: len(body) - partial_stop_suffix_len(body, [fmt.end])].rstrip()
-        delta = reasoning[self.sent:]
-        self.sent = len(reasoning)
-        return delta, content
+    def push(self, delta: str, finished: bool) -> tuple[str, str]:
+        """(reasoning delta, content delta) for `delta`; once `finished`, nothing is held."""
+        self.held += delta
+        reasoning = content = ""
+        if self.phase == "lead":
+            self._lead(finished)
+        if self.phase == "reasoning":
+            reasoning = self._reasoning(finished)
+        if self.phase == "gap":
+            stripped = self.held.lstrip()
+            if stripped or finished:
+                self.phase, self.held = "content", stripped
+        if self.phase == "content":
+            content, self.held = self.held, ""
+        return reasoning, content
+
+    def _lead(self, finished: bool) -> None:
+        start, stripped = self.fmt.start, self.held.lstrip()
+        if stripped.startswith(start):
+            self.phase, self.held = "reasoning", stripped[len(start):]
+        elif start.startswith(stripped) and not finished:
+            return  # blank so far, or a partial opening tag: undecided
+        elif self.fmt.opened_in_prompt:
+            self.phase, self.held = "reasoning", stripped
+        else:
+            self.phase = "content"
+
+    def _reasoning(self, finished: bool) -> str:
+        """The reasoning to send now: up to the closing tag (then the gap), else what can be
+        neither trailing whitespace nor part of the tag (all of it once finished)."""
+        end = self.fmt.end
+        if not self.started:
+            self.held = self.held.lstrip()
+        k = self.held.find(end)
+        if k >= 0:
+            body, self.held, self.phase = self.held[:k].rstrip(), self.held[k + len(end):], "gap"
+            return self._send(body)
+        if finished:
+            body, self.held = self.held.rstrip(), ""
+            return self._send(body)
+        if not self.stream_reasoning:
+            return ""
+        keep = len(self.held) - partial_stop_suffix_len(self.held, [end])
+        body = self.held[:keep].rstrip()
+        self.held = self.held[len(body):]
+        return self._send(body)
+
+    def _send(self, body: str) -> str:
+        if body:
+            self.started = True
+        return body
