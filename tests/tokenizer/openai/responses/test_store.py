@@ -78,6 +78,27 @@ def test_an_entry_answers_only_to_its_owner() -> None:
     assert store.running("live", A) is None
 
 
+def test_one_owners_traffic_evicts_its_own_conversations_first() -> None:
+    """A fills the store past its caps: B's entries stay, A's oldest go; B's next entry then
+    takes room from A, the heavier owner, never from B itself."""
+    store = ResponseStore(max_count=6, max_bytes=1 << 20, ttl=60)
+    for i in range(2):
+        _put(store, f"b{i}", B)
+    for i in range(20):
+        _put(store, f"a{i}", A)
+    assert store.get("b0", B) is not None and store.get("b1", B) is not None
+    assert store.get("a0", A) is None and store.get("a19", A) is not None
+    _put(store, "b2", B)
+    assert all(store.get(f"b{i}", B) is not None for i in range(3)) and len(store) == 6
+
+
+def test_the_byte_count_is_what_the_store_holds() -> None:
+    store = ResponseStore(max_count=10, max_bytes=1 << 20, ttl=60)
+    _put(store, "r", A, "y" * 1000)
+    held = store._entries["r"].data
+    assert isinstance(held, bytes) and store.bytes == len(held) == store.owned_bytes(A)
+
+
 def test_zero_count_stores_nothing() -> None:
     store = ResponseStore(max_count=0, max_bytes=1 << 20, ttl=60)
     assert not _put(store, "r") and len(store) == 0
