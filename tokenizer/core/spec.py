@@ -60,8 +60,8 @@ class Length:
 
     def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
         inner = handler(source)
-        if inner.get("type") == "list":  # NOTE: stop at the first bad item; a million bad items
-            inner["fail_fast"] = True  # would each make an error (seconds of the event loop)
+        if inner["type"] == "list":  # NOTE: stop at the first bad item; a million bad items
+            inner = {**inner, "fail_fast": True}  # would each make an error (seconds of the loop)
         return core_schema.no_info_before_validator_function(self._check, inner)
 
     def __get_pydantic_json_schema__(self, schema: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
