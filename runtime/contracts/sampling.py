@@ -47,7 +47,8 @@ _BOOL_FIELDS = (
     "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
 )
 _OPT_STR_FIELDS = ("regex", "ebnf")
-_GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf")
+GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf")  # at most one per request
+ANY_JSON = "$$ANY$$"  # SGLang's json_schema sentinel: any JSON value
 
 
 @dataclass(slots=True)
@@ -198,7 +199,7 @@ class SamplingParams:
             _check_token_id(tid, vocab_size, "logit_bias")
             if not (math.isfinite(bias) and abs(bias) <= MAX_LOGIT_BIAS):
                 raise _bad("logit_bias", f"values must be in [-100, 100], got {bias!r} for token {tid}")
-        given = [g for g in _GRAMMAR_FIELDS if getattr(self, g) is not None]
+        given = [g for g in GRAMMAR_FIELDS if getattr(self, g) is not None]
         if len(given) > 1:
             raise _bad(given[1], f"at most one of json_schema, regex, ebnf may be given, got {given}")
         self._validate_grammar_after(vocab_size, bool(given))

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from runtime.contracts.errors import InvalidRequest
+from runtime.contracts.sampling import GRAMMAR_FIELDS
 from tokenizer.core.chat_template import render_chat
 from tokenizer.core.choices import ChoiceReader
 from tokenizer.core.events import Event, Finished, InputLogprobs, Tokens, Update, Usage
@@ -32,7 +33,6 @@ from tokenizer.limits import check_prompt_chars
 if TYPE_CHECKING:
     from tokenizer.manager import Taken, TokenizerManager
 
-GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf")
 
 
 @dataclass(frozen=True, slots=True)

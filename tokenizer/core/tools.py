@@ -63,6 +63,16 @@ def function(name: str, description: str | None, parameters: dict[str, Any] | No
     return out
 
 
+def openai_choice(mode: str | None, named: str | None, functions: list[dict[str, Any]]) -> ToolChoice:
+    """OpenAI's `tool_choice` (chat and Responses): none | auto | required, a named function, or
+    absent (auto with tools, none without)."""
+    if named is not None:
+        return ToolChoice("named", named)
+    if mode is None:
+        return ToolChoice("auto" if functions else "none")
+    return ToolChoice(mode)
+
+
 def tool_plan(functions: list[dict[str, Any]], choice: ToolChoice, parallel: bool = True,
               param: str = "tools", choice_param: str = "tool_choice") -> ToolPlan | None:
     """The plan, or None (no tools, or choice none). Raises InvalidRequest naming `param` for a

@@ -21,6 +21,7 @@ from typing import Any
 from runtime.contracts.config import ServerConfig
 from runtime.contracts.errors import InvalidRequest
 from runtime.contracts.json_text import client_json
+from runtime.contracts.sampling import ANY_JSON, GRAMMAR_FIELDS
 from tokenizer.core.chat_template import RequestTemplate, reserved_names
 from tokenizer.core.events import (
     Finished,
@@ -39,21 +40,18 @@ from tokenizer.core.json_bounds import load_json_text
 from tokenizer.core.reasoning import PARSERS as REASONING_PARSERS
 from tokenizer.core.request import ChatInput, GenRequest, Logprobs, PromptRequest, ReadOptions
 from tokenizer.core.spec import BRACKETS, parse
-from tokenizer.core.tools import ToolChoice, ToolPlan, function, tool_grammar, tool_plan
-from tokenizer.errors import error_body
+from tokenizer.core.tools import ToolPlan, function, openai_choice, tool_grammar, tool_plan
 from tokenizer.openai.common import (
     ERROR_NAMES,
     Header,
+    OpenAIAnswer,
     cache_namespace,
     include_usage,
     new_rid,
     sampling_fields,
-    usage,
 )
 from tokenizer.openai.spec import ChatBody, HistoryCall, Parts
 
-ANY_JSON = "$$ANY$$"  # SGLang's json_schema sentinel: any JSON value
-GRAMMAR_FIELDS = ("regex", "json_schema", "ebnf")
 _UNTRUSTED = ("is not accepted: this server renders its own chat template only (an operator can allow a "
               "request's template with --trust-request-chat-template)")
 
@@ -97,12 +95,8 @@ def parse_chat(raw: Any, config: ServerConfig, model: str, owner: str = "") -> C
 def _tools(body: ChatBody) -> ToolPlan | None:
     functions = [function(t.function.name, t.function.description, t.function.parameters) for t in body.tools or []]
     choice = body.tool_choice
-    if choice is None:
-        mode = ToolChoice("auto" if functions else "none")
-    elif isinstance(choice, str):
-        mode = ToolChoice(choice)
-    else:
-        mode = ToolChoice("named", choice.function.name)
+    named = choice.function.name if choice is not None and not isinstance(choice, str) else None
+    mode = openai_choice(choice if isinstance(choice, str) else None, named, functions)
     return tool_plan(functions, mode, body.parallel_tool_calls is not False)
 
 
@@ -191,16 +185,16 @@ class _Choice:
     finished: Finished | None = None
 
 
-class ChatAnswer:
+class ChatAnswer(OpenAIAnswer):
     """The answer of one chat request, folded from its events (streamed or not)."""
 
-    named, done = False, b"data: [DONE]\n\n"
+    chunk_object = "chat.completion.chunk"
 
     def __init__(self, chat: ChatRequest) -> None:
-        self.chat, self.header, self.stream = chat, chat.header, chat.req.stream
+        super().__init__(chat.header, chat.req, chat.include_usage)
+        self.chat = chat
         self.reasoning = chat.req.read.reasoning is not None
-        self.n = chat.req.n
-        self.choices = [_Choice() for _ in range(chat.req.choices)]
+        self.choices: list[_Choice] = [_Choice() for _ in range(chat.req.choices)]
 
     def start(self) -> list[Any]:
         """The first chunk of every choice carries the role (OpenAI's order)."""
@@ -247,23 +241,12 @@ class ChatAnswer:
 
     def _chunk(self, i: int, delta: dict[str, Any], reason: str | None = None,
                logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
-        return {**self.header.of("chat.completion.chunk"),
+        return {**self.header.of(self.chunk_object),
                 "choices": [{"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": reason}]}
-
-    def error_events(self, status: int, message: str, param: str | None) -> list[Any]:
-        return [error_body(status, message, param)]
-
-    def end(self) -> list[Any]:
-        if not self.chat.include_usage:
-            return []
-        return [{**self.header.of("chat.completion.chunk"), "choices": [], "usage": self._usage()}]
-
-    def _usage(self) -> dict[str, Any]:
-        return usage([c.usage or Usage(0, 0, 0) for c in self.choices], self.n)
 
     def final(self) -> dict[str, Any]:
         choices = [self._final_choice(i, c) for i, c in enumerate(self.choices)]
-        return {**self.header.of("chat.completion"), "choices": choices, "usage": self._usage()}
+        return {**self.header.of("chat.completion"), "choices": choices, "usage": self.usage()}
 
     def _final_choice(self, i: int, choice: _Choice) -> dict[str, Any]:
         content: str | None = "".join(choice.content)

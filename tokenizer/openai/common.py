@@ -1,5 +1,5 @@
 """What OpenAI's completions and chat routes share: the sampling fields of their bodies, the
-names their errors use, usage, and the chunk header.
+names their errors use, usage, the chunk header, and the answers' shared part (`OpenAIAnswer`).
 
     sampling = sampling_fields(body, max_tokens)      # SamplingParams' names
 """
@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokenizer.core.events import Usage
+from tokenizer.core.request import GenRequest
+from tokenizer.errors import error_body
 from tokenizer.openai.spec import Sampling
 
 # OpenAI / SGLang-extra name -> SamplingParams name (the rest keep their names).
@@ -72,3 +74,27 @@ def usage(usages: list[Usage], n: int) -> dict[str, Any]:
     cached = sum(u.cached_tokens for u in firsts)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
             "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+class OpenAIAnswer:
+    """What the completions and chat answers share: their header, the usage (streamed after the
+    last chunk when asked for), and an error after the stream started as an error object.
+    `choices` (set by the subclass) hold each choice's latest `usage`."""
+
+    named, done = False, b"data: [DONE]\n\n"
+    chunk_object = ""  # the object name of a streamed chunk
+
+    def __init__(self, header: Header, req: GenRequest, include_usage: bool) -> None:
+        self.header, self.stream, self.n, self.include_usage = header, req.stream, req.n, include_usage
+        self.choices: list[Any] = []
+
+    def usage(self) -> dict[str, Any]:
+        return usage([c.usage or Usage(0, 0, 0) for c in self.choices], self.n)
+
+    def end(self) -> list[Any]:
+        if not self.include_usage:
+            return []
+        return [{**self.header.of(self.chunk_object), "choices": [], "usage": self.usage()}]
+
+    def error_events(self, status: int, message: str, param: str | None) -> list[Any]:
+        return [error_body(status, message, param)]

@@ -15,8 +15,15 @@ from runtime.contracts.errors import InvalidRequest
 from tokenizer.core.events import Finished, InputLogprobs, LogprobEntry, TextDelta, Tokens, TopLogprobs, Update, Usage
 from tokenizer.core.request import GenRequest, Logprobs, PromptRequest
 from tokenizer.core.spec import BRACKETS, parse
-from tokenizer.errors import error_body
-from tokenizer.openai.common import ERROR_NAMES, Header, cache_namespace, include_usage, new_rid, sampling_fields, usage
+from tokenizer.openai.common import (
+    ERROR_NAMES,
+    Header,
+    OpenAIAnswer,
+    cache_namespace,
+    include_usage,
+    new_rid,
+    sampling_fields,
+)
 from tokenizer.openai.spec import CompletionBody
 
 DEFAULT_MAX_TOKENS = 16
@@ -77,16 +84,16 @@ class _Choice:
     finished: Finished | None = None
 
 
-class CompletionAnswer:
+class CompletionAnswer(OpenAIAnswer):
     """The answer of one completions request, folded from its events (streamed or not)."""
 
-    named, done = False, b"data: [DONE]\n\n"
+    chunk_object = "text_completion"
 
     def __init__(self, completion: CompletionRequest) -> None:
-        self.completion, self.header = completion, completion.header
-        req = completion.req
-        self.stream, self.n, self.logprobs = req.stream, req.n, req.prompts[0].logprobs.enabled
-        self.choices = [_Choice() for _ in range(req.choices)]
+        super().__init__(completion.header, completion.req, completion.include_usage)
+        self.completion = completion
+        self.logprobs = completion.req.prompts[0].logprobs.enabled
+        self.choices: list[_Choice] = [_Choice() for _ in range(completion.req.choices)]
 
     def _echo(self, i: int) -> str:
         texts = self.completion.echo_texts
@@ -127,17 +134,6 @@ class CompletionAnswer:
         return [{**self.header.of("text_completion"),
                  "choices": [{"index": i, "text": echo + text, "logprobs": logprobs, "finish_reason": reason}]}]
 
-    def error_events(self, status: int, message: str, param: str | None) -> list[Any]:
-        return [error_body(status, message, param)]
-
-    def end(self) -> list[Any]:
-        if not self.completion.include_usage:
-            return []
-        return [{**self.header.of("text_completion"), "choices": [], "usage": self._usage()}]
-
-    def _usage(self) -> dict[str, Any]:
-        return usage([c.usage or Usage(0, 0, 0) for c in self.choices], self.n)
-
     def final(self) -> dict[str, Any]:
         choices = []
         for i, c in enumerate(self.choices):
@@ -146,7 +142,7 @@ class CompletionAnswer:
             choices.append({"index": i, "text": self._echo(i) + "".join(c.pieces), "logprobs": logprobs,
                             "finish_reason": finished.reason if finished else None,
                             "matched_stop": finished.matched if finished else None})
-        return {**self.header.of("text_completion"), "choices": choices, "usage": self._usage()}
+        return {**self.header.of("text_completion"), "choices": choices, "usage": self.usage()}
 
 
 def completion_logprobs(entries: list[LogprobEntry], tops: TopLogprobs | None, offset: int) -> dict[str, Any]:

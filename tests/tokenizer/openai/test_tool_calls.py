@@ -17,6 +17,7 @@ import pytest
 
 from runtime.contracts.config import ServerConfig
 from runtime.contracts.errors import InvalidRequest
+from runtime.contracts.sampling import ANY_JSON
 from tokenizer.core.choices import ChoiceReader
 from tokenizer.core.events import Finished, Tokens, Update, Usage
 from tokenizer.core.pipeline import render
@@ -39,7 +40,7 @@ from tokenizer.core.tool_prompts import (
     with_tool_prompt,
 )
 from tokenizer.core.tools import EMPTY_PARAMETERS, ToolChoice, ToolPlan, forced_call_schema, tool_plan
-from tokenizer.openai.chat import ANY_JSON, ChatAnswer, ChatRequest, parse_chat
+from tokenizer.openai.chat import ChatAnswer, ChatRequest, parse_chat
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather in a city",

@@ -19,14 +19,14 @@ from typing import Any
 from runtime.contracts.config import ServerConfig
 from runtime.contracts.errors import InvalidRequest
 from runtime.contracts.json_text import client_json
+from runtime.contracts.sampling import ANY_JSON
 from tokenizer.core.json_bounds import load_json_text
 from tokenizer.core.reasoning import PARSERS as REASONING_PARSERS
 from tokenizer.core.request import ChatInput, GenRequest, PromptRequest, ReadOptions
 from tokenizer.core.spec import BRACKETS, parse
-from tokenizer.core.tools import ToolChoice, ToolPlan, function, tool_grammar, tool_plan
+from tokenizer.core.tools import ToolPlan, function, openai_choice, tool_grammar, tool_plan
 from tokenizer.openai.responses.spec import FunctionCallItem, FunctionOutputItem, MessageItem, ResponseBody
 
-ANY_JSON = "$$ANY$$"
 ECHOED = ("user", "service_tier", "prompt_cache_key", "safety_identifier", "include")
 ERROR_NAMES = {"max_new_tokens": "max_output_tokens", "input_ids": "input", "text": "input", "messages": "input",
                "json_schema": "text.format", "min_new_tokens": "max_output_tokens"}
@@ -85,12 +85,8 @@ def parse_response(raw: Any, config: ServerConfig, owner: str = "") -> ResponseR
 def _tools(body: ResponseBody) -> ToolPlan | None:
     functions = [function(t.name, t.description, t.parameters) for t in body.tools or []]
     choice = body.tool_choice
-    if choice is None:
-        mode = ToolChoice("auto" if functions else "none")
-    elif isinstance(choice, str):
-        mode = ToolChoice(choice)
-    else:
-        mode = ToolChoice("named", choice.name)
+    named = choice.name if choice is not None and not isinstance(choice, str) else None
+    mode = openai_choice(choice if isinstance(choice, str) else None, named, functions)
     return tool_plan(functions, mode, body.parallel_tool_calls is not False)
 
 
