@@ -23,6 +23,7 @@ from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 from radix.allocator import KVAllocator
+from radix.blocks import BlockEventSink, BlockHash, BlockHasher
 from radix.tree import MatchResult, RadixTree, TreeNode
 
 
@@ -42,10 +43,11 @@ class BasePrefixCache(ABC):
         page_size: must equal `allocator.page_size`.
     """
 
-    def __init__(self, allocator: KVAllocator, page_size: int) -> None:
+    def __init__(self, allocator: KVAllocator, page_size: int, hasher: BlockHasher | None = None) -> None:
         assert page_size == allocator.page_size, f"page_size {page_size} != {allocator.page_size}"
         self.allocator = allocator
         self.page_size = page_size
+        self.hasher = hasher  # None: blocks are not hashed (no tier, no KV events)
         self.evicted_tokens = 0  # cached tokens evicted to make room (not counting flushes)
 
     @property
@@ -135,6 +137,7 @@ class BasePrefixCache(ABC):
         prefix_len: int,
         node: TreeNode,
         extra_key: str | None = None,
+        hashes: list[BlockHash] | None = None,
     ) -> None:
         """A finished request hands over all its KV and drops its lock.
 
@@ -142,14 +145,29 @@ class BasePrefixCache(ABC):
             tokens: prompt + output[:-1] (the last output token has no KV).
             kv: one slot per token, `len(kv) == len(tokens)`.
             prefix_len, node: the request's cached prefix and its locked node.
+            hashes: the request's block hashes so far, extended here (see `block_hashes`).
         """
-        cached = self._publish(tokens, kv, prefix_len, extra_key)
+        cached = self._publish(tokens, kv, prefix_len, extra_key, self.block_hashes(tokens, extra_key, hashes))
         self.free(kv[cached:])
         self.unlock(node)
 
+    def block_hashes(
+        self, tokens: Sequence[int], extra_key: str | None, hashes: list[BlockHash] | None = None
+    ) -> list[BlockHash]:
+        """`hashes` (a request's hashes of an earlier, shorter `tokens`; None: none yet) extended
+        to every whole block of `tokens`; [] when blocks are not hashed."""
+        if self.hasher is None:
+            return []
+        return self.hasher.extend([] if hashes is None else hashes, tokens, extra_key)
+
     @abstractmethod
     def _publish(
-        self, tokens: Sequence[int], kv: Sequence[int], prefix_len: int, extra_key: str | None
+        self,
+        tokens: Sequence[int],
+        kv: Sequence[int],
+        prefix_len: int,
+        extra_key: str | None,
+        hashes: Sequence[BlockHash],
     ) -> int:
         """Hand the cache what it keeps of kv[prefix_len:] and free what it refuses.
 
@@ -164,13 +182,14 @@ class BasePrefixCache(ABC):
         prefix_len: int,
         node: TreeNode,
         extra_key: str | None = None,
+        hashes: list[BlockHash] | None = None,
     ) -> CacheUpdate:
         """A continuing request publishes what it has computed so far (`len(kv) == len(tokens)`).
 
         Returns the request's new kv / prefix_len / node; the caller writes `kv` back into its
         slot row (entries [old prefix_len, new prefix_len) may now point at other slots).
         """
-        cached = self._publish(tokens, kv, prefix_len, extra_key)
+        cached = self._publish(tokens, kv, prefix_len, extra_key, self.block_hashes(tokens, extra_key, hashes))
         new = self.match(tokens[:cached], extra_key)
         assert len(new.indices) == cached, f"re-match {len(new.indices)} != cached {cached}"
         # Lock before unlocking so the shared path never drops to lock_ref 0 in between.
@@ -206,18 +225,25 @@ class BasePrefixCache(ABC):
             f"{held_by_requests} = {avail + ev + prot + held_by_requests} != total {total}"
         )
 
-    def check_idle_integrity(self) -> None:
-        """With no request running: nothing locked and available + evictable == total."""
-        assert self.protected_size == 0, f"idle but protected {self.protected_size} != 0"
+    def check_idle_integrity(self, pinned: int = 0) -> None:
+        """With no request running: nothing locked but the `pinned` tokens, and
+        available + evictable + pinned == total."""
+        assert self.protected_size == pinned, f"idle but protected {self.protected_size} != pinned {pinned}"
         self.check_integrity(0)
 
 
 class RadixPrefixCache(BasePrefixCache):
     """Prefix reuse through a RadixTree with LRU eviction."""
 
-    def __init__(self, allocator: KVAllocator, page_size: int) -> None:
-        super().__init__(allocator, page_size)
-        self.tree = RadixTree(page_size)
+    def __init__(
+        self,
+        allocator: KVAllocator,
+        page_size: int,
+        hasher: BlockHasher | None = None,
+        events: BlockEventSink | None = None,
+    ) -> None:
+        super().__init__(allocator, page_size, hasher)
+        self.tree = RadixTree(page_size, None if hasher is None else hasher.block_size, events)
 
     @property
     def evictable_size(self) -> int:
@@ -242,7 +268,12 @@ class RadixPrefixCache(BasePrefixCache):
         self.tree.unlock(node)
 
     def _publish(
-        self, tokens: Sequence[int], kv: Sequence[int], prefix_len: int, extra_key: str | None
+        self,
+        tokens: Sequence[int],
+        kv: Sequence[int],
+        prefix_len: int,
+        extra_key: str | None,
+        hashes: Sequence[BlockHash],
     ) -> int:
         """Insert the aligned part and free the request's duplicates; returns the aligned length.
 
@@ -256,7 +287,7 @@ class RadixPrefixCache(BasePrefixCache):
         assert len(kv) == len(tokens), f"len(kv) {len(kv)} != len(tokens) {len(tokens)}"
         assert prefix_len % self.page_size == 0, f"prefix_len {prefix_len} not page aligned"
         aligned = len(tokens) - len(tokens) % self.page_size
-        present = self.tree.insert(tokens[:aligned], kv[:aligned], extra_key)
+        present = self.tree.insert(tokens[:aligned], kv[:aligned], extra_key, hashes)
         # NOTE: the locked prefix cannot have been evicted, so the insert re-finds all of it.
         assert present >= prefix_len, f"insert found {present} < locked prefix {prefix_len}"
         self.free(kv[prefix_len:present])
@@ -265,9 +296,7 @@ class RadixPrefixCache(BasePrefixCache):
     def flush(self) -> bool:
         prot = self.tree.protected_size
         assert prot == 0, f"flush with {prot} protected tokens: requests still hold the cache"
-        self.allocator.free(self.tree.evict(self.tree.total_size))
-        assert self.tree.total_size == 0, f"flush left {self.tree.total_size} tokens in the tree"
-        self.tree.reset()
+        self.allocator.free(self.tree.clear())
         return True
 
     def check_integrity(self, held_by_requests: int = 0) -> None:
@@ -275,7 +304,21 @@ class RadixPrefixCache(BasePrefixCache):
         self.tree.check_integrity()
         bad = [s for s in self.tree.slots() if s < self.page_size or self.allocator.is_free(s)]
         assert not bad, f"cached slots that are free or padding: {bad[:10]}"
+        if self.hasher is not None:
+            self._check_hashes(self.hasher)
         super().check_integrity(held_by_requests)
+
+    def _check_hashes(self, hasher: BlockHasher) -> None:
+        """Every node's block hashes are those of the tokens its path spells."""
+        stack: list[tuple[TreeNode, tuple[int, ...], list[BlockHash]]] = [
+            (child, (), []) for child in self.tree.root.children.values()
+        ]
+        while stack:
+            node, before, hashes = stack.pop()
+            tokens = before + node.key
+            path_hashes = hasher.extend(list(hashes), tokens, node.extra_key)
+            assert node.hashes == path_hashes[len(hashes) :], f"{node!r}: block hashes differ from its tokens'"
+            stack.extend((child, tokens, path_hashes) for child in node.children.values())
 
 
 class NoPrefixCache(BasePrefixCache):
@@ -304,7 +347,12 @@ class NoPrefixCache(BasePrefixCache):
         pass
 
     def _publish(
-        self, tokens: Sequence[int], kv: Sequence[int], prefix_len: int, extra_key: str | None
+        self,
+        tokens: Sequence[int],
+        kv: Sequence[int],
+        prefix_len: int,
+        extra_key: str | None,
+        hashes: Sequence[BlockHash],
     ) -> int:
         assert prefix_len == 0, f"no-cache request with prefix_len {prefix_len}"
         assert len(kv) == len(tokens), f"len(kv) {len(kv)} != len(tokens) {len(tokens)}"
@@ -315,8 +363,14 @@ class NoPrefixCache(BasePrefixCache):
 
 
 def make_prefix_cache(
-    allocator: KVAllocator, page_size: int, disable_radix_cache: bool = False
+    allocator: KVAllocator,
+    page_size: int,
+    disable_radix_cache: bool = False,
+    hasher: BlockHasher | None = None,
+    events: BlockEventSink | None = None,
 ) -> BasePrefixCache:
-    """The radix cache, or the no-cache variant when `disable_radix_cache` is set."""
-    cls = NoPrefixCache if disable_radix_cache else RadixPrefixCache
-    return cls(allocator, page_size)
+    """The radix cache (hashing blocks with `hasher`, telling `events`), or the no-cache
+    variant when `disable_radix_cache` is set."""
+    if disable_radix_cache:
+        return NoPrefixCache(allocator, page_size)
+    return RadixPrefixCache(allocator, page_size, hasher, events)

@@ -11,6 +11,12 @@ whole pages long and splits happen only on page boundaries.
 Sizes are in tokens: `evictable_size` counts nodes with lock_ref 0, `protected_size` nodes with
 lock_ref > 0 (root excluded). They are properties, kept up to date incrementally and recomputed by
 `check_integrity()`.
+
+Blocks (`radix/blocks.py`), when the tree is given a block size: each node also keeps `start`, the
+position of its first token, and `hashes`, the chained hashes of the blocks whose last token it
+holds (those are the blocks that enter the pool with it and leave with it). Those hashes are what
+the tier store and the KV events know the node's KV by; an optional `BlockEventSink` hears every
+block stored, removed and cleared.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ import heapq
 import itertools
 from collections.abc import Iterator, Sequence
 from typing import NamedTuple
+
+from radix.blocks import BlockEventSink, BlockHash, blocks_ending_in
 
 ChildKey = tuple[str | None, int | tuple[int, ...]]
 
@@ -30,7 +38,8 @@ class TreeNode:
     deterministic. `lock_ref` counts the running requests whose matched prefix passes through it.
     """
 
-    __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access", "extra_key", "id")
+    __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access", "extra_key", "id", "start",
+                 "hashes")
 
     def __init__(
         self,
@@ -41,6 +50,8 @@ class TreeNode:
         node_id: int,
         last_access: int = 0,
         lock_ref: int = 0,
+        start: int = 0,
+        hashes: list[BlockHash] | None = None,
     ) -> None:
         self.children: dict[ChildKey, TreeNode] = {}
         self.parent = parent
@@ -50,6 +61,8 @@ class TreeNode:
         self.last_access = last_access
         self.extra_key = extra_key
         self.id = node_id
+        self.start = start  # position of key[0] in the sequence the path spells
+        self.hashes: list[BlockHash] = hashes or []  # blocks ending in this edge (with a block size)
 
     def __repr__(self) -> str:
         return f"TreeNode(id={self.id}, len={len(self.key)}, lock_ref={self.lock_ref})"
@@ -67,11 +80,19 @@ class RadixTree:
 
     Args:
         page_size: tokens per KV page; every stored key is a multiple of it.
+        block_size: tokens per hashed block (a multiple of page_size); None: no block hashes.
+        events: told about every block stored, removed and cleared (needs a block size).
     """
 
-    def __init__(self, page_size: int = 1) -> None:
+    def __init__(
+        self, page_size: int = 1, block_size: int | None = None, events: BlockEventSink | None = None
+    ) -> None:
         assert page_size >= 1, f"page_size must be >= 1, got {page_size}"
+        assert block_size is None or block_size % page_size == 0, (block_size, page_size)
+        assert events is None or block_size is not None, "block events need a block size"
         self.page_size = page_size
+        self.block_size = block_size
+        self.events = events
         self._ids = itertools.count()
         self._tick = 0
         self.reset()
@@ -125,8 +146,13 @@ class RadixTree:
             next(self._ids),
             child.last_access,
             child.lock_ref,
+            child.start,
         )
+        if self.block_size is not None:
+            cut = (child.start + at) // self.block_size - child.start // self.block_size
+            upper.hashes, child.hashes = child.hashes[:cut], child.hashes[cut:]
         child.key, child.value, child.parent = child.key[at:], child.value[at:], upper
+        child.start += at
         upper.children[self._child_key(child.extra_key, child.key)] = child
         parent.children[self._child_key(upper.extra_key, upper.key)] = upper
         return upper
@@ -170,8 +196,17 @@ class RadixTree:
         indices = [slot for value in reversed(values) for slot in value]
         return MatchResult(indices, last)
 
-    def insert(self, key: Sequence[int], value: Sequence[int], extra_key: str | None = None) -> int:
+    def insert(
+        self,
+        key: Sequence[int],
+        value: Sequence[int],
+        extra_key: str | None = None,
+        hashes: Sequence[BlockHash] = (),
+    ) -> int:
         """Insert the page-aligned part of `key` -> `value`.
+
+        `hashes`: with a block size, the hashes of key's whole blocks (at least those ending in
+        its aligned part).
 
         Returns:
             How many leading tokens were already cached. The tree keeps its own slots for
@@ -183,10 +218,23 @@ class RadixTree:
         node, pos = self._walk(k, extra_key)
         if pos < len(k):
             leaf_value = list(value[pos : len(k)])
-            leaf = TreeNode(k[pos:], leaf_value, node, extra_key, next(self._ids), self._tick)
+            blocks = self._blocks(pos, len(k), hashes)
+            leaf = TreeNode(k[pos:], leaf_value, node, extra_key, next(self._ids), self._tick, 0, pos, blocks)
             node.children[self._child_key(extra_key, leaf.key)] = leaf
             self._evictable += len(leaf.key)
+            if self.events is not None and blocks:
+                bs, first = self.block_size or 1, pos // (self.block_size or 1)
+                parent = hashes[first - 1] if first > 0 else None
+                self.events.stored(blocks, parent, k[first * bs : (first + len(blocks)) * bs])
         return pos
+
+    def _blocks(self, start: int, end: int, hashes: Sequence[BlockHash]) -> list[BlockHash]:
+        """The hashes of the blocks ending in [start, end) (none without a block size)."""
+        if self.block_size is None:
+            return []
+        ending = blocks_ending_in(start, end, self.block_size)
+        assert len(hashes) >= ending.stop, f"insert up to {end} needs {ending.stop} block hashes, got {len(hashes)}"
+        return list(hashes[ending.start : ending.stop])
 
     def lock(self, node: TreeNode) -> None:
         """Protect `node` and its ancestors from eviction (one more running user)."""
@@ -223,9 +271,20 @@ class RadixTree:
             del parent.children[self._child_key(node.extra_key, node.key)]
             self._evictable -= len(node.key)
             freed.extend(node.value)
+            if self.events is not None and node.hashes:
+                self.events.removed(node.hashes)
             if self._evictable_leaf(parent):
                 heapq.heappush(heap, (parent.last_access, parent.id, parent))
         return freed
+
+    def clear(self) -> list[int]:
+        """Drop every node (none may be locked); returns their slots. One `cleared` event."""
+        assert self._protected == 0, f"clear with {self._protected} protected tokens"
+        slots = self.slots()
+        self.reset()
+        if self.events is not None:
+            self.events.cleared()
+        return slots
 
     @staticmethod
     def _evictable_leaf(node: TreeNode) -> bool:
@@ -272,6 +331,10 @@ class RadixTree:
         ck = self._child_key(node.extra_key, node.key)
         assert parent.children.get(ck) is node, f"{node!r} not under child key {ck} of its parent"
         assert node.lock_ref >= 0, f"{node!r}: negative lock_ref"
+        assert node.start == parent.start + len(parent.key), f"{node!r}: start {node.start} after its parent's end"
+        if self.block_size is not None:
+            want = len(blocks_ending_in(node.start, node.start + n, self.block_size))
+            assert len(node.hashes) == want, f"{node!r}: {len(node.hashes)} block hashes, {want} blocks end in it"
         if parent.parent is not None:
             assert parent.extra_key == node.extra_key, f"{node!r}: extra_key differs from parent"
             assert parent.lock_ref >= node.lock_ref, (

@@ -68,14 +68,20 @@ class Admission:
                 break
             match = cache.match(req.fill_ids[: req.max_prefix_len()], req.extra_key)
             cache.lock(match.node)
-            if not adder.try_add(req, match.indices, len(req.fill_ids) - len(match.indices)):
+            cached = len(match.indices)
+            load = self.ledger.tier_loadable(req, cached)
+            if not adder.try_add(req, match.indices, len(req.fill_ids) - cached - load):
                 cache.unlock(match.node)
                 break
             self.ledger.bind(req, match)
+            if load and not self.ledger.load_from_tier(req, load):  # a corrupt block: compute it all
+                adder.admitted[-1] = (req, adder.admitted[-1][1] + load)
+                load = 0
             if req.admitted_at is None:
                 req.admitted_at = time.monotonic()
             if not req.output:  # a retracted request's re-admission is not a prompt cache hit
-                req.cached_tokens = len(match.indices)
+                req.cached_tokens = cached + load
+                self.ledger.pins.admit(req, req.cached_tokens)
             self.queues.admitted(req)
 
     def fits_now(self, req: Req) -> bool:

@@ -113,7 +113,7 @@ class Inbox:
             self.io.send_control(FlushCacheOut(msg.req_id, False, "requests are running"))
             return
         self.queues.grammars.reset()
-        self.io.send_control(FlushCacheOut(msg.req_id, self.ledger.cache.flush()))
+        self.io.send_control(FlushCacheOut(msg.req_id, self.ledger.flush()))
 
     def handle_state(self, msg: GetStateReq) -> None:
         self.io.send_control(StateOut(msg.req_id, self.state()))

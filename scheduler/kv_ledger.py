@@ -2,7 +2,9 @@
 hands them out to requests or takes them back.
 
 A request holds a row and KV from its admission into a prefill until it finishes or is
-retracted (`Req` documents the layout of `kv`). Memory invariant, at every step boundary:
+retracted (`Req` documents the layout of `kv`). Released KV goes to the radix cache and, with a
+KV tier, its new blocks on to the store (scheduler/kv_tier.py); a released request's pin is made
+then (scheduler/pins.py). Memory invariant, at every step boundary:
 
     free + evictable + protected + held by requests == total KV slots
     free rows + rows in `holding` == all rows
@@ -10,21 +12,31 @@ retracted (`Req` documents the layout of `kv`). Memory invariant, at every step 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from radix.prefix_cache import BasePrefixCache
 from radix.tree import MatchResult
 from scheduler.interfaces import RowPool
+from scheduler.pins import Pins
 from scheduler.request import Req
 from scheduler.retract import decode_slots_needed
 from scheduler.speculative import trim_kv
+
+if TYPE_CHECKING:  # torch loads with the tier only
+    from scheduler.kv_tier import KVTier
 
 
 class KVLedger:
     """Owns the prefix cache, the request rows and which request holds which."""
 
-    def __init__(self, cache: BasePrefixCache, rows: RowPool, page_size: int) -> None:
+    def __init__(
+        self, cache: BasePrefixCache, rows: RowPool, page_size: int, pin_max_tokens: int = 0
+    ) -> None:
         self.cache = cache
         self.rows = rows
         self.page_size = page_size
+        self.tier: KVTier | None = None  # set by the scheduler when --kv-tier-gb / --kv-store
+        self.pins = Pins(cache, pin_max_tokens)
         # NOTE: also covers requests admitted into a prefill still in flight (overlap), which
         # are in no queue yet: this is the one complete list of requests holding memory.
         self.holding: dict[int, Req] = {}  # request row -> the request that holds it (and KV)
@@ -45,6 +57,27 @@ class KVLedger:
         req.row, req.kv, req.prefix_len, req.node = row, list(match.indices), len(match.indices), match.node
         req.row_synced = 0
 
+    def tier_loadable(self, req: Req, cached: int) -> int:
+        """Tokens after `req`'s `cached` pool prefix worth loading from the KV tier (0: none)."""
+        if self.tier is None:
+            return 0
+        limit = req.max_prefix_len()
+        hashes = self.cache.block_hashes(req.fill_ids[:limit], req.extra_key, req.block_hashes)
+        return self.tier.loadable(hashes, cached, limit)
+
+    def load_from_tier(self, req: Req, n: int) -> int:
+        """After `bind`: give `req` slots for its next `n` tokens and fill them from the tier.
+        Returns the tokens loaded: `n`, or 0 when a block was corrupt (then nothing is held)."""
+        if n == 0 or self.tier is None:
+            return 0
+        start = req.computed
+        ok = self.extend(req, n)
+        assert ok, "admission reserved this KV"
+        if self.tier.load(req.block_hashes, start, req.kv[start:]):
+            return n
+        self.trim(req, start)
+        return 0
+
     def extend(self, req: Req, n: int) -> bool:
         """`n` more KV slots for `req`'s next tokens; False when the pool cannot give them."""
         slots = self.cache.alloc_extend(req.kv, n)
@@ -61,7 +94,7 @@ class KVLedger:
         """Publish a continuing request's computed tokens to the cache; re-point its row."""
         assert req.node is not None
         update = self.cache.cache_unfinished(
-            req.fill_ids[: req.computed], req.kv, req.prefix_len, req.node, req.extra_key
+            req.fill_ids[: req.computed], req.kv, req.prefix_len, req.node, req.extra_key, req.block_hashes
         )
         req.kv, req.prefix_len, req.node = list(update.kv), update.prefix_len, update.node
         req.row_synced = 0  # canonical slots may differ from what the row holds
@@ -79,10 +112,29 @@ class KVLedger:
         kv, extra = req.kv[: len(tokens)], req.kv[len(tokens) :]
         if extra and len(kv) % self.page_size == 0:
             self.cache.free(extra[:1])
-        self.cache.cache_finished(tokens, kv, req.prefix_len, req.node, req.extra_key)
+        self.cache.cache_finished(tokens, kv, req.prefix_len, req.node, req.extra_key, req.block_hashes)
+        if self.tier is not None:
+            self.tier.save(tokens, req.extra_key, req.block_hashes)
+        self.pins.make(req)
         del self.holding[req.row]
         self.rows.free(req.row)
         req.row, req.kv, req.prefix_len, req.node = None, [], 0, None
+
+    def poll(self) -> None:
+        """Per step: apply the tier's finished writes, end expired pins."""
+        if self.tier is not None:
+            self.tier.poll()
+        self.pins.expire()
+
+    def flush(self) -> bool:
+        """/flush_cache (nothing running): unpin, empty the tree and the tier store."""
+        self.pins.clear()
+        if self.tier is not None:
+            self.tier.drain()
+        flushed = self.cache.flush()
+        if self.tier is not None:
+            self.tier.clear()
+        return flushed
 
     def held_slots(self) -> int:
         return sum(self.cache.owned_slots(r.computed, r.prefix_len) for r in self.holding.values())
@@ -91,6 +143,8 @@ class KVLedger:
         """The memory invariant, walking the whole KV pool and tree (tests; idle time)."""
         self.cache.check_integrity(held_by_requests=self.held_slots())
         self.rows.check_integrity()
+        if self.tier is not None:
+            self.tier.check_integrity()
 
     def check_counts(self) -> None:
         """The memory invariant from counters only, in O(running requests)."""
@@ -98,8 +152,12 @@ class KVLedger:
         assert self.rows.available() == self.rows.size - len(self.holding), "request rows leaked"
 
     def check_idle_integrity(self) -> None:
-        """Nothing is held: every slot is free or cached, every row free."""
-        self.cache.check_idle_integrity()
+        """Nothing is held: every slot is free or cached, every row free, and the only locks
+        are pins (the tier's writes are waited for first)."""
+        if self.tier is not None:
+            self.tier.drain()
+            self.tier.check_integrity()
+        self.cache.check_idle_integrity(pinned=self.pins.pinned_tokens())
         self.rows.check_integrity()
         assert self.rows.available() == self.rows.size, (
             f"request rows leaked: {self.rows.size - self.rows.available()} held while idle"

@@ -37,6 +37,7 @@ class LoopParts:
     checked_idle: bool = False  # the idle check ran since the last batch
     busy_s: float = 0.0  # wall time of iterations that ran or finished a batch
     progress_at: float = field(default_factory=time.monotonic)  # stamped by every iteration (watchdog)
+    _forward_s: float = 0.0  # the runner's forward time when the last batch was processed
 
     def begin(self, block: bool) -> float:
         """Receive messages, then the per-step housekeeping; returns the busy-time start."""
@@ -44,7 +45,16 @@ class LoopParts:
         start = time.perf_counter()
         self.inbox.admit_compiled_grammars()
         self.lifecycle.expire_overdue()
+        self.ledger.poll()
         return start
+
+    def processed(self, batch: ScheduledBatch) -> None:
+        """After a batch's result: a prefill's forward time feeds the tier's cost model (prefills
+        are never overlapped, so the runner's forward time since the last batch is this one's)."""
+        spent, self._forward_s = self.runner.forward_s - self._forward_s, self.runner.forward_s
+        tier = self.ledger.tier
+        if tier is not None and batch.is_prefill:
+            tier.costs.observe_prefill(sum(len(e.input_ids) for e in batch.entries), spent)
 
     def end(self, start: float, busy: bool) -> None:
         if busy:
@@ -84,6 +94,7 @@ class PlainLoop:
         batch = p.batcher.next_batch()
         if batch is not None:
             p.results.process(batch, p.runner.forward(batch.entries))
+            p.processed(batch)
             p.checked_idle = False
         else:
             p.idle_check()

@@ -90,6 +90,7 @@ def _append(out: BatchTokenOut, req: Req) -> None:
         out.input_top_logprobs.append(None)
     waited = req.admitted_at - req.arrival if first and req.admitted_at is not None else None
     out.queue_times.append(waited)
+    out.pinned_tokens.append(req.pinned_tokens)
     req.sent_ids = len(req.output)
     req.sent_first = True
     req.sent_finish = req.finished

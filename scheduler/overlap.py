@@ -104,4 +104,5 @@ class OverlapLoop:
 
     def _finish(self, pending: Pending) -> None:
         self.parts.results.process(pending.batch, pending.future.result())
+        self.parts.processed(pending.batch)
         self.parts.outbox.send(pending.batch)

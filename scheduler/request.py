@@ -44,6 +44,8 @@ class Req:
     stop_ids: frozenset[int] = frozenset()  # EOS + stop_token_ids (empty when ignore_eos)
     deadline: float | None = None  # wall-clock seconds; past it the scheduler aborts the request
     priority: int = 0
+    pin_prefix_len: int = 0  # prompt tokens to pin in the prefix cache once computed (0: none)
+    pin_ttl_s: float = 0.0
     arrival: float = field(default_factory=time.monotonic)
 
     # Progress: what it produced and how it ended. (Where it is: the queue that holds it,
@@ -53,6 +55,8 @@ class Req:
     matched_stop_token: bool = False
     admitted_at: float | None = None  # monotonic time of its first admission into a prefill
     cached_tokens: int = 0  # prompt tokens found in the prefix cache at admission (before output)
+    pinned_tokens: int = 0  # of pin_prefix_len, the tokens its pin writes (not cached before it)
+    block_hashes: list[bytes] = field(default_factory=list)  # chained hashes of fill_ids' full blocks
     preemptions: int = 0  # retractions for a more urgent request (scheduler/priority.py)
 
     # What it holds while admitted (scheduler/kv_ledger.py); all empty while it waits.
@@ -96,6 +100,8 @@ class Req:
             stop_ids=stop_ids,
             deadline=msg.deadline,
             priority=msg.priority,
+            pin_prefix_len=min(msg.pin_prefix_len, len(msg.input_ids)),
+            pin_ttl_s=msg.pin_ttl_s,
             grammar_from=None if sp.grammar_after_ids else 0,
         )
 

@@ -41,6 +41,7 @@ from scheduler.results import ResultProcessor
 from scheduler.retract import NewTokenRatio
 from scheduler.retractor import Retractor
 from scheduler.speculative import Speculator
+from scheduler.tier_setup import block_hasher, build_tier
 
 __all__ = ["Scheduler", "SchedulerIO"]
 
@@ -68,9 +69,13 @@ class Scheduler:
         self.eos_ids = eos_ids
         self.context_len = config.context_length
         ps = config.page_size
-        cache = make_prefix_cache(KVAllocator(runner.kv_pool.num_slots, ps), ps, config.disable_radix_cache)
+        hasher = block_hasher(config, runner.engines)
+        cache = make_prefix_cache(KVAllocator(runner.kv_pool.num_slots, ps), ps, config.disable_radix_cache, hasher)
         self.queues = ReqQueues(grammars or GrammarQueue(None))
-        self.ledger = KVLedger(cache, runner.req_to_token, ps)
+        pin_max = 0 if config.disable_radix_cache else int(cache.total * config.kv_pin_max_fraction)
+        self.ledger = KVLedger(cache, runner.req_to_token, ps, pin_max)
+        if config.kv_tier_bytes and hasher is not None:
+            self.ledger.tier = build_tier(config, runner, cache, hasher)
         self.lifecycle = Lifecycle(self.queues, self.ledger)
         self.ratio = NewTokenRatio()
         priority = PriorityRules.from_config(config)  # None: priorities are not used
@@ -106,8 +111,11 @@ class Scheduler:
         self.inbox.dispatch(msg)
 
     def close(self) -> None:
-        """Stop the loop's forward thread, if it has one."""
+        """Stop the loop's forward thread, if it has one, and the KV tier's writer."""
         self.loop.close()
+        if self.ledger.tier is not None:
+            self.ledger.tier.close()
+            self.ledger.tier = None
 
     @property
     def is_idle(self) -> bool:
@@ -169,6 +177,8 @@ class Scheduler:
             "deadline_expired": self.lifecycle.deadline_expired,
             "evicted_tokens": cache.evicted_tokens,
             "mixed_steps": self.batcher.mixed_steps,
+            **self.ledger.pins.state(),
+            **(self.ledger.tier.state() if self.ledger.tier is not None else {}),
             "new_token_ratio": self.ratio.value,
             "busy_s": self.parts.busy_s,
             "forward_s": self.runner.forward_s,

@@ -99,6 +99,24 @@ class ServerConfig:
         30.0, "with priority scheduling: seconds after which a waiting request goes ahead of every priority, "
         "so none starves; 0: never")
     disable_radix_cache: bool = _opt(False, "turn off prefix reuse across requests")
+    kv_tier_gb: float = _opt(
+        0.0, "size in GB of the second KV tier behind the radix cache: KV the pool evicts is kept there and loaded "
+        "back when that is cheaper than recomputing it (host memory; with --kv-store a file in that folder); "
+        "0: no tier, or 4 GB when --kv-store is given")
+    kv_store: str | None = _opt(
+        None, "folder of the persistent KV tier: the tier lives in a memory-mapped file there and serves cached "
+        "prefixes again after a restart of the same model; /flush_cache empties it")
+    kv_block_size: int = _opt(
+        32, "tokens per block of the KV tier and of --kv-events (a multiple of page_size); blocks are keyed by a "
+        "chained hash of their tokens")
+    kv_events: str | None = _opt(
+        None, "publish the KV cache's block stored / removed / cleared events in vLLM's schema (msgpack "
+        "EventBatch) on this ZMQ PUB endpoint, e.g. tcp://127.0.0.1:5557")
+    kv_events_replay: str | None = _opt(
+        None, "with --kv-events: a ZMQ ROUTER endpoint that replays buffered event batches from a sequence number")
+    kv_pin_max_fraction: float = _opt(
+        0.25, "most of the KV pool that prompts pinned by Anthropic cache_control breakpoints may hold; pins "
+        "beyond it are not made (and not reported as cache writes)")
     enable_batch_variance: bool = _opt(
         False, "let a row's result depend on what it is batched with, for speed: decode rows sharing a long KV "
         "prefix attend to it once (the cascade) and engines are chosen by batch shape (the start-up log says "
@@ -185,6 +203,19 @@ class ServerConfig:
             raise InvalidRequest("tp_size must be >= 1", param="tp_size")
         if self.page_size < 1:
             raise InvalidRequest("page_size must be >= 1", param="page_size")
+        if self.kv_block_size < 1 or self.kv_block_size % self.page_size:
+            raise InvalidRequest("kv_block_size must be a positive multiple of page_size", param="kv_block_size")
+        if not self.kv_tier_gb >= 0:
+            raise InvalidRequest("kv_tier_gb must be >= 0", param="kv_tier_gb")
+        if not 0 <= self.kv_pin_max_fraction <= 1:
+            raise InvalidRequest("kv_pin_max_fraction must be in [0, 1]", param="kv_pin_max_fraction")
+        if self.kv_tier_bytes and self.disable_radix_cache:
+            raise InvalidRequest("the KV tier keeps what the radix cache evicts: it needs the radix cache",
+                                 param="kv_tier_gb")
+        if self.kv_tier_bytes and self.tp_size > 1:
+            raise InvalidRequest("the KV tier does not support tensor parallelism yet", param="kv_tier_gb")
+        if self.kv_events_replay and not self.kv_events:
+            raise InvalidRequest("kv_events_replay needs kv_events", param="kv_events_replay")
         if self.stream_interval < 1:
             raise InvalidRequest("stream_interval must be >= 1", param="stream_interval")
         for name in ("max_queued_requests", "max_prompts_per_request"):
@@ -209,6 +240,12 @@ class ServerConfig:
         if bad or isinstance(self.allowed_origins, str):
             raise InvalidRequest(f"allowed_origins must be a list of '*' or scheme://host[:port] (port * for any, "
                                  f"no path), got {bad or self.allowed_origins!r}", param="allowed_origins")
+
+    @property
+    def kv_tier_bytes(self) -> int:
+        """Bytes of the KV tier: --kv-tier-gb, or 4 GB for --kv-store alone; 0: no tier."""
+        gb = self.kv_tier_gb or (4.0 if self.kv_store else 0.0)
+        return int(gb * 2**30)
 
     def public_dict(self) -> dict[str, Any]:
         """The config without secrets (for /get_server_info and logs)."""

@@ -82,6 +82,10 @@ class GenerateReq:
     prefill_only_cache: bool = False
     deadline: float | None = None  # wall-clock seconds (time.time()) after which it is aborted
     priority: int = 0  # with --enable-priority-scheduling: larger is more urgent (see scheduler/priority.py)
+    # Pin the prompt's first `pin_prefix_len` tokens in the prefix cache for `pin_ttl_s` seconds once the
+    # request has computed them (Anthropic cache_control breakpoints); 0: no pin.
+    pin_prefix_len: int = 0
+    pin_ttl_s: float = 0.0
 
 
 @message
@@ -177,6 +181,9 @@ class BatchTokenOut:
     # Seconds the request waited in the scheduler before its first forward, on its first
     # message (None after, and for requests that never ran).
     queue_times: list[float | None] = field(default_factory=list)
+    # Prompt tokens this request's pin writes into the prefix cache (not cached before it), from its
+    # admission on; 0 without a pin or when the pin was refused: Anthropic's cache_creation_input_tokens.
+    pinned_tokens: list[int] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------- detokenizer -> main process
@@ -215,6 +222,7 @@ class BatchStrOut:
     input_ids_for_logprobs: list[list[int] | None]
     queue_times: list[float | None] = field(default_factory=list)  # passed through unchanged
     decode_states: int = 0  # the detokenizer's live decode states after this batch (leak checks)
+    pinned_tokens: list[int] = field(default_factory=list)  # passed through unchanged ([] from old senders)
 
 
 # ---------------------------------------------------------------- control replies -> main process

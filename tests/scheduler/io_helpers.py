@@ -29,7 +29,7 @@ class FakeIO:
 def submit(io: FakeIO, rid: str, prompt: list[int], **params: Any) -> None:
     """Queue a greedy GenerateReq (EOS ignored unless `ignore_eos=False` is passed)."""
     extra = {k: params.pop(k) for k in ("return_logprob", "logprob_start_len", "top_logprobs_num", "stream", "deadline",
-                                         "priority", "extra_key")
+                                         "priority", "extra_key", "pin_prefix_len", "pin_ttl_s")
              if k in params}
     sp = SamplingParams(**{"temperature": 0.0, "ignore_eos": True, **params})
     io.inbox.append(GenerateReq(rid, prompt, sp, **extra))
@@ -43,6 +43,7 @@ def collect(io: FakeIO) -> dict[str, dict[str, Any]]:
             r = results.setdefault(rid, {"ids": [], "finish": None, "finishes": 0, "input_logprobs": None})
             r["ids"] += out.new_ids[i]
             r["cached"] = out.cached_tokens[i]
+            r["pinned"] = out.pinned_tokens[i] if out.pinned_tokens else 0
             if out.input_logprobs[i] is not None:
                 r["input_logprobs"] = out.input_logprobs[i]
             if out.finished_reasons[i] is not None:

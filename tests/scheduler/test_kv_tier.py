@@ -1,0 +1,143 @@
+"""The KV tier behind the radix cache: a prefix from the pool, from the tier or recomputed gives
+the same greedy tokens; the store survives a restart and a corrupt block only costs a recompute.
+
+Agent-like sessions (a shared system prompt, then turns that resend the whole history plus a
+"tool result") run on the default model in fp32 over a pool that holds about two sessions, so
+returning sessions find their history evicted from the pool."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kernels.kv_store import FILE_NAME
+from tests.scheduler.harness import make, run_until_idle, submit
+
+pytestmark = pytest.mark.slow
+
+SYSTEM = list(range(1000, 1100))  # a shared 100-token system prompt
+SESSIONS, TURNS, NEW = 5, 3, 6
+SMALL_POOL = 640  # tokens: the pool holds two or three sessions' histories
+TIER_GB = 0.25
+
+
+def session_turns(sessions: int = SESSIONS, turns: int = TURNS) -> list[list[list[int]]]:
+    """Each session's tool results, one per turn (its first turn's is its task)."""
+    rng = random.Random(7)
+    return [[[rng.randrange(200, 40000) for _ in range(rng.randrange(30, 70))] for _ in range(turns)]
+            for _ in range(sessions)]
+
+
+def run_sessions(sched: Any, io: Any, turns: range,
+                 histories: dict[int, list[int]]) -> dict[tuple[int, int], list[int]]:
+    """Run `turns` of every session, one turn of all sessions at a time; histories carry over."""
+    results = {}
+    steps = session_turns()
+    for t in turns:
+        for s in range(SESSIONS):
+            histories.setdefault(s, list(SYSTEM))
+            histories[s] += steps[s][t]
+            submit(io, f"s{s}t{t}", histories[s], max_new_tokens=NEW)
+        done = run_until_idle(sched, io)
+        for s in range(SESSIONS):
+            ids = done[f"s{s}t{t}"]["ids"]
+            results[(s, t)] = ids
+            histories[s] += ids
+    return results
+
+
+@pytest.fixture(scope="module")
+def reference(default_model_path: str) -> dict[tuple[int, int], list[int]]:
+    """Everything recomputed: no prefix cache at all."""
+    sched, io = make(default_model_path, disable_radix_cache=True, max_total_tokens=8192)
+    return run_sessions(sched, io, range(TURNS), {})
+
+
+@pytest.mark.parametrize(("page_size", "chunk", "overlap"), [(1, None, False), (16, 32, False), (1, 32, True)])
+def test_tier_gives_the_tokens_of_recompute(default_model_path: str, reference: dict, page_size: int,
+                                            chunk: int | None, overlap: bool) -> None:
+    sched, io = make(default_model_path, max_total_tokens=SMALL_POOL, kv_tier_gb=TIER_GB, page_size=page_size,
+                     chunked_prefill_size=chunk or -1, disable_overlap_schedule=not overlap, kv_block_size=32)
+    try:
+        assert run_sessions(sched, io, range(TURNS), {}) == reference
+        state = sched.state()
+        assert state["tier_loaded_tokens"] > 0 and state["evicted_tokens"] > 0, state
+        sched.check_idle_integrity()
+    finally:
+        sched.close()
+
+
+def test_tier_recompute_choice_gives_the_same_tokens(default_model_path: str, reference: dict,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    sched, io = make(default_model_path, max_total_tokens=SMALL_POOL, kv_tier_gb=TIER_GB)
+    try:
+        assert sched.ledger.tier is not None
+        monkeypatch.setattr(sched.ledger.tier.costs, "prefer_load", lambda tokens: False)
+        assert run_sessions(sched, io, range(TURNS), {}) == reference
+        assert sched.state()["tier_loaded_tokens"] == 0 and sched.state()["tier_hit_tokens"] > 0
+    finally:
+        sched.close()
+
+
+def test_store_serves_a_restarted_scheduler(default_model_path: str, reference: dict, tmp_path: Path) -> None:
+    histories: dict[int, list[int]] = {}
+    first, io = make(default_model_path, max_total_tokens=SMALL_POOL, kv_store=str(tmp_path))
+    try:
+        assert run_sessions(first, io, range(TURNS - 1), histories) == {k: v for k, v in reference.items()
+                                                                         if k[1] < TURNS - 1}
+    finally:
+        first.close()
+    second, io = make(default_model_path, max_total_tokens=SMALL_POOL, kv_store=str(tmp_path))
+    try:
+        state = second.state()
+        assert state["tier_restored_blocks"] > 0, state
+        assert run_sessions(second, io, range(TURNS - 1, TURNS), histories) == {
+            k: v for k, v in reference.items() if k[1] == TURNS - 1}
+        state = second.state()
+        assert state["tier_loads"] >= SESSIONS and state["tier_corrupt_blocks"] == 0, state
+    finally:
+        second.close()
+
+
+def test_corrupt_blocks_are_recomputed(default_model_path: str, reference: dict, tmp_path: Path) -> None:
+    histories: dict[int, list[int]] = {}
+    first, io = make(default_model_path, max_total_tokens=SMALL_POOL, kv_store=str(tmp_path))
+    try:
+        run_sessions(first, io, range(TURNS - 1), histories)
+        block_bytes, slot_bytes = first.ledger.tier.store.layout.data_bytes, first.ledger.tier.store.layout.slot_bytes
+    finally:
+        first.close()
+    path = tmp_path / FILE_NAME
+    data = bytearray(path.read_bytes())
+    for slot in range(0, (len(data) - 4096) // slot_bytes, 3):  # a flipped byte in every third slot's data
+        data[4096 + slot * slot_bytes + 4096 + block_bytes // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    second, io = make(default_model_path, max_total_tokens=SMALL_POOL, kv_store=str(tmp_path))
+    try:
+        assert run_sessions(second, io, range(TURNS - 1, TURNS), histories) == {
+            k: v for k, v in reference.items() if k[1] == TURNS - 1}
+        assert second.state()["tier_corrupt_blocks"] > 0
+        second.check_idle_integrity()
+    finally:
+        second.close()
+
+
+def test_flush_empties_the_store(default_model_path: str, tmp_path: Path) -> None:
+    from runtime.contracts.messages import FlushCacheReq
+
+    sched, io = make(default_model_path, max_total_tokens=SMALL_POOL, kv_store=str(tmp_path))
+    try:
+        run_sessions(sched, io, range(1), {})
+        assert sched.state()["tier_blocks"] > 0
+        sched.dispatch(FlushCacheReq(1))
+        assert io.control[-1].success and sched.state()["tier_blocks"] == 0
+    finally:
+        sched.close()
+    again, io = make(default_model_path, max_total_tokens=SMALL_POOL, kv_store=str(tmp_path))
+    try:
+        assert again.state()["tier_restored_blocks"] == 0
+    finally:
+        again.close()
