@@ -99,6 +99,7 @@ class DetokenizerManager:
             input_ids_for_logprobs=out.input_ids_for_logprobs,
             queue_times=out.queue_times,
             decode_states=decode_states,
+            pinned_tokens=out.pinned_tokens,
         )
 
     def _new_options(self, out: BatchTokenOut) -> list[DecodeOptions | None]:

@@ -220,11 +220,13 @@ class TokenizerManager:
         if req.priority is not None and not self.config.enable_priority_scheduling:
             raise InvalidRequest.field("priority", "needs a server started with --enable-priority-scheduling")
         lp = prompt.logprobs
+        pin_len, pin_ttl = prompt.pin.fields(len(ids)) if prompt.pin is not None else (0, 0.0)
         msg = GenerateReq(
             rid=self._rids.next(), input_ids=list(ids), deadline=None if timeout is None else time.time() + timeout,
             sampling_params=dataclasses.replace(params, n=1),
             return_logprob=lp.enabled, logprob_start_len=lp.start_len, top_logprobs_num=lp.top_n,
             stream=req.stream, extra_key=req.cache_namespace, priority=req.priority or 0,
+            pin_prefix_len=pin_len, pin_ttl_s=pin_ttl,
         )
         return Prepared(msg, prompt.rid, req.group_rid, params.n, lp.with_text, req.owner)
 

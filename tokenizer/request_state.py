@@ -126,6 +126,7 @@ class ReqState:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    pinned_tokens: int = 0  # prompt tokens its cache pin wrote (not cached before): Anthropic's cache writes
     finish_reason: dict[str, Any] | None = None
     finished: bool = False
     finished_time: float | None = None
@@ -195,6 +196,8 @@ def apply_output(state: ReqState, out: BatchStrOut, i: int, now: float, texts: T
     state.prompt_tokens = out.prompt_tokens[i]
     state.completion_tokens = out.completion_tokens[i]
     state.cached_tokens = out.cached_tokens[i]
+    if i < len(out.pinned_tokens):  # NOTE: an older sender's message has none
+        state.pinned_tokens = out.pinned_tokens[i]
     if i < len(out.queue_times) and out.queue_times[i] is not None:
         state.queue_time = out.queue_times[i]
     if state.req.return_logprob:
@@ -306,6 +309,7 @@ class StateDelta:
     finish_reason: dict[str, Any] | None
     label: str
     latency: float
+    pinned_tokens: int = 0
 
 
 def take_delta(state: ReqState) -> StateDelta:
@@ -326,4 +330,4 @@ def take_delta(state: ReqState) -> StateDelta:
     end = state.finished_time if state.finished_time is not None else time.perf_counter()
     return StateDelta(text, ids, logprobs, tops, inputs, state.prompt_tokens, state.completion_tokens,
                       state.cached_tokens, state.finish_reason if state.finished else None, state.label,
-                      end - state.created)
+                      end - state.created, state.pinned_tokens)

@@ -18,12 +18,19 @@ or a tool_use started with an empty input once its name is certain, then input_j
 fragments), message_delta (stop_reason, stop_sequence, usage), message_stop. stop_reason:
 max_tokens when cut by it; tool_use when the output holds calls; stop_sequence when one of
 `stop_sequences` ended it; end_turn at the model's end of turn; pause_turn when the server cut
-it short (a deadline, an abort). usage: input_tokens + cache_read_input_tokens is the prompt
-(the radix cache reuses prefixes by itself, so cache_creation_input_tokens is 0).
+it short (a deadline, an abort).
+
+usage splits the prompt three ways: cache_read_input_tokens were served by the radix cache (it
+reuses every shared prefix by itself), cache_creation_input_tokens were written by the request's
+`cache_control` pin (`caching.py`; 0 without one, or when the scheduler refused the pin), and
+input_tokens is the rest. With cache_control the `cache_creation` object splits the writes by
+the pin's TTL, and message_start waits for the first output, which brings the scheduler's counts
+(the client reads `cache_creation` from message_start alone).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,8 +39,9 @@ import orjson
 
 from runtime.contracts.config import ServerConfig
 from runtime.contracts.errors import InvalidRequest
+from tokenizer.anthropic.caching import TTL_S, Cut, cache_cut
 from tokenizer.anthropic.errors import anthropic_error
-from tokenizer.anthropic.spec import CountBody, MessagesBody, TextBlock, ToolResultBlock, ToolUseBlock
+from tokenizer.anthropic.spec import CountBody, Message, MessagesBody, TextBlock, ToolResultBlock, ToolUseBlock
 from tokenizer.core.events import (
     Finished,
     TextDelta,
@@ -44,7 +52,7 @@ from tokenizer.core.events import (
     Update,
     Usage,
 )
-from tokenizer.core.request import ChatInput, GenRequest, PromptRequest, ReadOptions
+from tokenizer.core.request import CachePin, ChatInput, GenRequest, PromptRequest, ReadOptions
 from tokenizer.core.spec import DOTS, parse
 from tokenizer.core.tools import ToolChoice, ToolPlan, function, tool_grammar, tool_plan
 
@@ -61,11 +69,13 @@ class MessagesRequest:
     id: str
     model: str
     stop_sequences: list[str]
+    cache_ttl_s: float = 0.0  # the cache_control pin's TTL (0: no breakpoint)
 
 
 def parse_count(raw: Any) -> ChatInput:
     """A /v1/messages/count_tokens body: the conversation a create would render."""
     body = parse(CountBody, raw, DOTS)
+    cache_cut(body)  # the same checks as a create
     return ChatInput(conversation(body), {}, _tools(body))
 
 
@@ -81,10 +91,13 @@ def parse_messages(raw: Any, config: ServerConfig, model: str, owner: str = "") 
     if stops:
         sampling["stop"] = stops
     rid = uuid.uuid4().hex
-    prompt = PromptRequest(ChatInput(conversation(body), {}, plan), rid, sampling, field="messages")
+    cut = cache_cut(body)
+    chat = ChatInput(conversation(body), {}, plan)
+    pin = CachePin(cut.ttl_s, cut_chat(body, chat, cut)) if cut is not None else None
+    prompt = PromptRequest(chat, rid, sampling, field="messages", pin=pin)
     read = ReadOptions(tools=plan, tool_parser=config.tool_call_parser, call_id_prefix="toolu_")
     req = GenRequest([prompt], stream=bool(body.stream), owner=owner, read=read, names=ERROR_NAMES)
-    return MessagesRequest(req, "msg_" + rid, model, stops)
+    return MessagesRequest(req, "msg_" + rid, model, stops, pin.ttl_s if pin is not None else 0.0)
 
 
 def _tools(body: CountBody) -> ToolPlan | None:
@@ -103,13 +116,40 @@ def _tools(body: CountBody) -> ToolPlan | None:
 
 def conversation(body: CountBody) -> list[dict[str, Any]]:
     """The chat messages of `system` and `messages` (see the module docstring)."""
+    return _conversation(body.system, body.messages, whole=True)
+
+
+def cut_chat(body: CountBody, chat: ChatInput, cut: Cut) -> ChatInput:
+    """`chat` (the body's) cut right after the block that ends the pinned part (`caching.py`);
+    `chat` itself when that is the last block. A tool's cut keeps the system prompt: templates
+    render the tools inside the system message, often after its text."""
+    if cut.section == "messages":
+        message = body.messages[cut.item]
+        content = message.content
+        blocks = content if isinstance(content, list) else [TextBlock(type="text", text=content)]
+        if cut.item == len(body.messages) - 1 and cut.block == len(blocks) - 1:
+            return chat
+        head = [*body.messages[:cut.item], message.model_copy(update={"content": blocks[:cut.block + 1]})]
+        return dataclasses.replace(chat, messages=_conversation(body.system, head, whole=False))
+    system = body.system
+    if cut.section == "system" and isinstance(system, list):
+        system = system[:cut.item + 1]
+    tools = chat.tools
+    if cut.section == "tools" and tools is not None:
+        tools = dataclasses.replace(tools, functions=tools.functions[:cut.item + 1])
+    return dataclasses.replace(chat, messages=_conversation(system, [], whole=False), tools=tools)
+
+
+def _conversation(system: str | list[TextBlock] | None, messages: list[Message], whole: bool) -> list[dict[str, Any]]:
+    """The chat messages; `whole`: the conversation a request ends with (its last message the
+    user's), not a cut of it."""
     out: list[dict[str, Any]] = []
-    if body.system is not None:
-        system = body.system if isinstance(body.system, str) else "\n\n".join(b.text for b in body.system)
-        out.append({"role": "system", "content": system})
+    if system is not None:
+        text = system if isinstance(system, str) else "\n\n".join(b.text for b in system)
+        out.append({"role": "system", "content": text})
     calls: set[str] = set()  # the tool_use ids of the assistant message just before
-    last = len(body.messages) - 1
-    for i, m in enumerate(body.messages):
+    last = len(messages) - 1 if whole else 0
+    for i, m in enumerate(messages):
         where = f"messages.{i}"
         blocks = [TextBlock(type="text", text=m.content)] if isinstance(m.content, str) else list(m.content)
         if m.role == "assistant":
@@ -173,12 +213,20 @@ class MessageAnswer:
         self.open = False  # the last block is still open
         self.usage = Usage(0, 0, 0)
         self.finished: Finished | None = None
+        self.deferred = parsed.cache_ttl_s > 0  # message_start waits for the first update's usage
 
     def start(self) -> list[Any]:
+        return [] if self.deferred else self._start()
+
+    def _start(self) -> list[Any]:
         return [{"type": "message_start", "message": self._message([], None)}, {"type": "ping"}]
 
     def update(self, update: Update) -> list[Any]:
         events: list[Any] = []
+        if self.deferred:
+            self.deferred = False
+            self.usage = next((e.usage for e in update.events if isinstance(e, Tokens)), self.usage)
+            events += self._start()
         for event in update.events:
             if isinstance(event, TextDelta):
                 if not (self.open and self.blocks[-1].kind == "text"):
@@ -220,7 +268,7 @@ class MessageAnswer:
         reason, sequence = self._stop()
         return events + self._close() + [
             {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
-             "usage": usage(self.usage)},
+             "usage": usage(self.usage, self.parsed.cache_ttl_s)},
             {"type": "message_stop"}]
 
     def _stop(self) -> tuple[str, str | None]:
@@ -237,7 +285,7 @@ class MessageAnswer:
     def _message(self, content: list[dict[str, Any]], stop: tuple[str, str | None] | None) -> dict[str, Any]:
         return {"id": self.parsed.id, "type": "message", "role": "assistant", "model": self.parsed.model,
                 "content": content, "stop_reason": stop[0] if stop else None,
-                "stop_sequence": stop[1] if stop else None, "usage": usage(self.usage)}
+                "stop_sequence": stop[1] if stop else None, "usage": usage(self.usage, self.parsed.cache_ttl_s)}
 
     def end(self) -> list[Any]:
         return []
@@ -263,6 +311,14 @@ def _content(block: _Block) -> dict[str, Any]:
     return {**block.body, "input": value if isinstance(value, dict) else {}}
 
 
-def usage(u: Usage) -> dict[str, int]:
-    return {"input_tokens": u.prompt_tokens - u.cached_tokens, "output_tokens": u.completion_tokens,
-            "cache_creation_input_tokens": 0, "cache_read_input_tokens": u.cached_tokens}
+def usage(u: Usage, cache_ttl_s: float = 0.0) -> dict[str, Any]:
+    """Anthropic's usage (see the module docstring); `cache_ttl_s`: the pin's TTL, 0 for none."""
+    out: dict[str, Any] = {
+        "input_tokens": max(0, u.prompt_tokens - u.cached_tokens - u.pinned_tokens),
+        "output_tokens": u.completion_tokens, "cache_creation_input_tokens": u.pinned_tokens,
+        "cache_read_input_tokens": u.cached_tokens}
+    if cache_ttl_s:
+        long = cache_ttl_s >= TTL_S["1h"]
+        out["cache_creation"] = {"ephemeral_5m_input_tokens": 0 if long else u.pinned_tokens,
+                                 "ephemeral_1h_input_tokens": u.pinned_tokens if long else 0}
+    return out

@@ -5,28 +5,36 @@ Content blocks are text, tool_use (assistant) and tool_result (user); images, do
 thinking and server tools are 400s naming the block. A block echoed from this API's answers may
 carry every field Anthropic's own answers hold (`citations`, `caller`, `toolset_name`, ... as
 the `anthropic` client's `model_dump()` writes them, nulls included): unused ones are ignored.
-`cache_control`, `service_tier`, `speed` and `inference_geo` are accepted and ignored; thinking
-may only be disabled. Unknown top-level fields are a 400 naming them, as Anthropic answers.
+`cache_control` ({"type": "ephemeral", "ttl": "5m" | "1h"}) is taken where Anthropic takes it:
+on a tool, a system text block, a message's text, tool_use and tool_result blocks (and the text
+blocks inside a tool_result), and at the top level (`caching.py` says what it does).
+`service_tier`, `speed` and `inference_geo` are accepted and ignored; thinking may only be
+disabled. Unknown top-level fields are a 400 naming them, as Anthropic answers.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
 from tokenizer.core.fields import MAX_TOKENS, Parameters, StopText, ToolSchema, TopK, TopP
-from tokenizer.core.json_bounds import Bounds
-from tokenizer.core.spec import NAME, Echo, JsonBounds, Length, Spec, string_tag
+from tokenizer.core.spec import NAME, Echo, Length, Spec, string_tag
 
 MAX_MESSAGES = 4096
 MAX_BLOCKS = 4096
 MAX_TOOLS = 256
 MAX_TEXT_CHARS = 16 << 20  # the body limit bounds it first
-SMALL_BOUNDS = Bounds(max_depth=4, max_total=4096)
 Text = Annotated[str, Length(0, MAX_TEXT_CHARS)]
 ToolName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
-CacheControl = Annotated[Any, JsonBounds(SMALL_BOUNDS)]
+
+
+class CacheControl(Spec):
+    """A cache breakpoint: the prompt up to and including its block is kept for `ttl` (5m when
+    absent)."""
+
+    type: Literal["ephemeral"]
+    ttl: Literal["5m", "1h"] | None = None
 
 
 class TextBlock(Echo):

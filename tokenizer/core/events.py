@@ -71,7 +71,8 @@ class ToolCallDone:
 class Usage:
     prompt_tokens: int
     completion_tokens: int
-    cached_tokens: int
+    cached_tokens: int  # prompt tokens served from the prefix cache
+    pinned_tokens: int = 0  # prompt tokens the request's cache pin wrote (Anthropic's cache_control)
 
 
 @dataclass(frozen=True, slots=True)

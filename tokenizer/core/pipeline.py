@@ -8,9 +8,11 @@ typed event stream (`events.py`).
 
 A chat prompt is rendered by its template off the event loop and tokenized without adding
 special tokens (the template has them). Under a reasoning parser, a grammar waits for the end of
-the reasoning (`grammar_after_ids`) when the output begins inside the reasoning block. The text
-of each update goes through the choice's `ChoiceReader` once, so every protocol's answer, streamed
-or not, is folded from the same events.
+the reasoning (`grammar_after_ids`) when the output begins inside the reasoning block. A cache
+pin's chat (the conversation cut after its last breakpoint) is rendered by the same template, and
+the pin covers the tokens it shares with the whole prompt. The text of each update goes through
+the choice's `ChoiceReader` once, so every protocol's answer, streamed or not, is folded from the
+same events.
 """
 
 from __future__ import annotations
@@ -73,7 +75,35 @@ async def _render_prompt(tm: TokenizerManager, req: GenRequest, prompt: PromptRe
     if fmt is not None and has_grammar and opens_in_reasoning(fmt, rendered.text, rendered.template):
         marker = await tm.encoder.encode_texts([fmt.end], add_special_tokens=False)
         sampling["grammar_after_ids"] = list(marker[0])
-    return dataclasses.replace(prompt, prompt=rendered.ids, sampling=sampling)
+    pin = prompt.pin
+    if pin is not None and isinstance(pin.upto, ChatInput):
+        pin = dataclasses.replace(pin, upto=await _pinned_tokens(tm, pin.upto, chat, rendered.ids))
+    return dataclasses.replace(prompt, prompt=rendered.ids, sampling=sampling, pin=pin)
+
+
+async def _pinned_tokens(tm: TokenizerManager, upto: ChatInput, chat: ChatInput, ids: list[int]) -> int:
+    """How many leading tokens of `ids` (the whole chat's) the chat cut at the pin's end renders
+    to. NOTE: the longest common prefix, not the cut's own length: its rendering ends with a
+    generation prompt (and a template may render a last message differently), so past the cut
+    the two differ, and a pin must never hold a token the prompt lacks. A cut the template cannot
+    render pins nothing."""
+    if upto == chat:
+        return len(ids)
+    try:
+        cut = await render(tm, upto)
+    except InvalidRequest:
+        return 0
+    return common_prefix(cut.ids, ids)
+
+
+def common_prefix(a: list[int], b: list[int], step: int = 1024) -> int:
+    """The length of the longest common prefix (slices compared in C a step at a time)."""
+    n, i = min(len(a), len(b)), 0
+    while i + step <= n and a[i:i + step] == b[i:i + step]:
+        i += step
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
 
 
 async def render(tm: TokenizerManager, chat: ChatInput) -> RenderedPrompt:
@@ -110,7 +140,7 @@ async def read_updates(req: GenRequest, taken: AsyncIterator[Taken]) -> AsyncIte
                 events.append(InputLogprobs(i, delta.input[0], delta.input[1]))
             reason = delta.finish_reason
             events += reader.read(delta.text, reason is not None)
-            usage = Usage(delta.prompt_tokens, delta.completion_tokens, delta.cached_tokens)
+            usage = Usage(delta.prompt_tokens, delta.completion_tokens, delta.cached_tokens, delta.pinned_tokens)
             events.append(Tokens(i, delta.ids, delta.logprobs, delta.tops, usage))
             if reason is not None:
                 events.append(Finished(i, reason, usage, delta.label, delta.latency))

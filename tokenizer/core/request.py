@@ -50,6 +50,23 @@ class Logprobs:
 
 
 @dataclass(frozen=True, slots=True)
+class CachePin:
+    """Keep the prompt's leading tokens in the prefix cache for `ttl_s` seconds once computed
+    (Anthropic's `cache_control`). Like a chat prompt, `upto` is a chat until the pipeline renders
+    it: the conversation cut right after the block that ends the pinned part; then the number of
+    leading prompt tokens its rendering shares with the whole prompt's."""
+
+    ttl_s: float
+    upto: ChatInput | int
+
+    def fields(self, prompt_len: int) -> tuple[int, float]:
+        """GenerateReq's (pin_prefix_len, pin_ttl_s): (0, 0.0) when nothing is pinned."""
+        assert isinstance(self.upto, int), "the pipeline renders a pin's chat before submitting"
+        length = min(self.upto, prompt_len)
+        return (length, self.ttl_s) if length > 0 else (0, 0.0)
+
+
+@dataclass(frozen=True, slots=True)
 class PromptRequest:
     """One prompt and how to sample it. `rid` is the client's label (the answer's id and a name
     /abort_request accepts); `sampling` holds SamplingParams' fields by their names."""
@@ -59,6 +76,7 @@ class PromptRequest:
     sampling: dict[str, Any]
     logprobs: Logprobs = Logprobs()
     field: str = "text"  # the body field the prompt came from, for errors
+    pin: CachePin | None = None
 
 
 @dataclass(frozen=True, slots=True)

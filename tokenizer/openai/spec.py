@@ -2,9 +2,12 @@
 
 Both take OpenAI's sampling fields and SGLang's extras (`top_k`, `min_p`, `repetition_penalty`,
 `min_tokens`, `ignore_eos`, `stop_token_ids`, `regex`, `json_schema`, `ebnf`, ...); `user`,
-`metadata`, `store` and `service_tier` are accepted and ignored. Unknown fields are a 400 naming
-them, as OpenAI answers. An assistant message echoed from an answer may carry the fields this
-server's answers hold (`refusal`, `annotations`, `reasoning_content`, ...): they are ignored.
+`metadata`, `store` and `service_tier` are accepted and ignored. `prompt_cache_key` is accepted as
+a label (OpenAI's hint for routing requests that share a prefix to one cache; a router in front
+reads it from the body): it is not a cache namespace, which `cache_salt` / `extra_key` set.
+Unknown fields are a 400 naming them, as OpenAI answers. An assistant message echoed from an
+answer may carry the fields this server's answers hold (`refusal`, `annotations`,
+`reasoning_content`, ...): they are ignored.
 """
 
 from __future__ import annotations
@@ -96,6 +99,7 @@ class Sampling(Spec):
     cache_salt: CacheKey | None = None
     extra_key: CacheKey | None = None
     user: NAME | None = None
+    prompt_cache_key: NAME | None = None  # a label: see the module docstring
     metadata: Metadata | None = None
     store: bool | None = None
     service_tier: NAME | None = None

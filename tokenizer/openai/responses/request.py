@@ -7,7 +7,8 @@ Mapping: input items (after the previous response's history) become chat message
 first; function tools, tool_choice and text.format become the tool plan and the grammar;
 max_output_tokens is max_new_tokens. A reasoning effort needs a server that splits reasoning out
 (--reasoning-parser). Accepted and echoed only: metadata, user, store, include, truncation (the
-server never truncates), service_tier, prompt_cache_key, safety_identifier.
+server never truncates), service_tier, prompt_cache_key (a routing label, never the cache's
+namespace: `cache_salt` / `extra_key` set that), safety_identifier.
 """
 
 from __future__ import annotations
