@@ -57,6 +57,13 @@ class Batcher:
         if not q.waiting and q.chunked is None:
             return None
         self.retractor.preempt_for_urgent()  # a no-op without priority scheduling
+        batch = self._try_prefill()
+        if batch is None and not q.running and self.ledger.wait_for_tier_writes():
+            batch = self._try_prefill()  # the writes' locked KV is evictable now
+        return batch
+
+    def _try_prefill(self) -> ScheduledBatch | None:
+        q = self.queues
         adder = self.admission.new_adder()
         chunked = q.chunked
         if chunked is not None and not adder.try_add(chunked, [], len(chunked.fill_ids) - chunked.computed):
@@ -91,6 +98,8 @@ class Batcher:
         running = self.queues.running
         if not running:
             return None
+        if not self.ledger.decode_fits(running):
+            self.ledger.wait_for_tier_writes()  # before retracting anyone for KV a write holds
         self.retractor.retract_until_decode_fits()
         batch = ScheduledBatch(is_prefill=False)
         # Drafts only take KV left over once every running request has its one-token decode.

@@ -126,6 +126,14 @@ class KVLedger:
             self.tier.poll()
         self.pins.expire()
 
+    def wait_for_tier_writes(self) -> bool:
+        """Under KV pressure: wait for the tier's writes, whose locks keep their KV from eviction.
+        Returns whether there were any."""
+        if self.tier is None or not self.tier.writing:
+            return False
+        self.tier.drain()
+        return True
+
     def flush(self) -> bool:
         """/flush_cache (nothing running): unpin, empty the tree and the tier store."""
         self.pins.clear()

@@ -211,6 +211,10 @@ class KVTier:
         self.cache.unlock(job.node)
         self._in_flight -= 1
 
+    @property
+    def writing(self) -> bool:
+        return self._in_flight > 0
+
     def drain(self) -> None:
         """Wait for every queued write and apply it (before idle checks and flushes)."""
         while self._in_flight:

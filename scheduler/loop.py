@@ -15,6 +15,7 @@ from scheduler.batch import ScheduledBatch
 from scheduler.batcher import Batcher
 from scheduler.inbox import Inbox
 from scheduler.interfaces import Runner
+from scheduler.kv_events import KVEventPublisher
 from scheduler.kv_ledger import KVLedger
 from scheduler.lifecycle import Lifecycle
 from scheduler.output import Outbox
@@ -34,6 +35,7 @@ class LoopParts:
     results: ResultProcessor
     outbox: Outbox
     ratio: NewTokenRatio
+    events: KVEventPublisher | None = None  # --kv-events: one batch of block events per iteration
     checked_idle: bool = False  # the idle check ran since the last batch
     busy_s: float = 0.0  # wall time of iterations that ran or finished a batch
     progress_at: float = field(default_factory=time.monotonic)  # stamped by every iteration (watchdog)
@@ -46,6 +48,8 @@ class LoopParts:
         self.inbox.admit_compiled_grammars()
         self.lifecycle.expire_overdue()
         self.ledger.poll()
+        if self.events is not None:
+            self.events.poll_replay()
         return start
 
     def processed(self, batch: ScheduledBatch) -> None:
@@ -57,6 +61,8 @@ class LoopParts:
             tier.costs.observe_prefill(sum(len(e.input_ids) for e in batch.entries), spent)
 
     def end(self, start: float, busy: bool) -> None:
+        if self.events is not None:
+            self.events.flush()
         if busy:
             self.busy_s += time.perf_counter() - start
         self.progress_at = time.monotonic()

@@ -23,6 +23,7 @@ from typing import Any
 from radix.allocator import KVAllocator
 from radix.prefix_cache import make_prefix_cache
 from runtime.contracts.config import ServerConfig
+from scheduler import kv_events
 from scheduler.admission import Admission
 from scheduler.batch import ScheduledBatch
 from scheduler.batch_log import BatchLog
@@ -70,7 +71,9 @@ class Scheduler:
         self.context_len = config.context_length
         ps = config.page_size
         hasher = block_hasher(config, runner.engines)
-        cache = make_prefix_cache(KVAllocator(runner.kv_pool.num_slots, ps), ps, config.disable_radix_cache, hasher)
+        self.events = kv_events.from_config(config, config.device == "cuda") if hasher is not None else None
+        cache = make_prefix_cache(KVAllocator(runner.kv_pool.num_slots, ps), ps, config.disable_radix_cache, hasher,
+                                  self.events)
         self.queues = ReqQueues(grammars or GrammarQueue(None))
         pin_max = 0 if config.disable_radix_cache else int(cache.total * config.kv_pin_max_fraction)
         self.ledger = KVLedger(cache, runner.req_to_token, ps, pin_max)
@@ -89,7 +92,7 @@ class Scheduler:
         self.outbox = Outbox(io, self.queues, self.lifecycle, config.stream_interval)
         self.inbox = Inbox(io, self.queues, self.ledger, self.lifecycle, eos_ids, self.context_len, self.state)
         self.parts = LoopParts(runner, self.inbox, self.lifecycle, self.ledger, self.batcher, self.results,
-                               self.outbox, self.ratio)
+                               self.outbox, self.ratio, self.events)
         if overlap is None:
             overlap = not config.disable_overlap_schedule
         self.loop: PlainLoop | OverlapLoop = (
@@ -116,6 +119,9 @@ class Scheduler:
         if self.ledger.tier is not None:
             self.ledger.tier.close()
             self.ledger.tier = None
+        if self.events is not None:
+            self.events.close()
+            self.events = self.parts.events = None
 
     @property
     def is_idle(self) -> bool:

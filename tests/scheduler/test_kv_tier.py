@@ -7,7 +7,12 @@ returning sessions find their history evicted from the pool."""
 
 from __future__ import annotations
 
+import os
 import random
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,15 +24,15 @@ from tests.scheduler.harness import make, run_until_idle, submit
 pytestmark = pytest.mark.slow
 
 SYSTEM = list(range(1000, 1100))  # a shared 100-token system prompt
-SESSIONS, TURNS, NEW = 5, 3, 6
-SMALL_POOL = 640  # tokens: the pool holds two or three sessions' histories
+SESSIONS, TURNS, NEW = 4, 3, 4
+SMALL_POOL = 320  # tokens: the pool holds about two sessions' histories
 TIER_GB = 0.25
 
 
 def session_turns(sessions: int = SESSIONS, turns: int = TURNS) -> list[list[list[int]]]:
     """Each session's tool results, one per turn (its first turn's is its task)."""
     rng = random.Random(7)
-    return [[[rng.randrange(200, 40000) for _ in range(rng.randrange(30, 70))] for _ in range(turns)]
+    return [[[rng.randrange(200, 40000) for _ in range(rng.randrange(20, 50))] for _ in range(turns)]
             for _ in range(sessions)]
 
 
@@ -84,13 +89,13 @@ def test_tier_recompute_choice_gives_the_same_tokens(default_model_path: str, re
 
 def test_store_serves_a_restarted_scheduler(default_model_path: str, reference: dict, tmp_path: Path) -> None:
     histories: dict[int, list[int]] = {}
-    first, io = make(default_model_path, max_total_tokens=SMALL_POOL, kv_store=str(tmp_path))
+    first, io = make(default_model_path, max_total_tokens=SMALL_POOL, kv_store=str(tmp_path), kv_tier_gb=TIER_GB)
     try:
         assert run_sessions(first, io, range(TURNS - 1), histories) == {k: v for k, v in reference.items()
                                                                          if k[1] < TURNS - 1}
     finally:
         first.close()
-    second, io = make(default_model_path, max_total_tokens=SMALL_POOL, kv_store=str(tmp_path))
+    second, io = make(default_model_path, max_total_tokens=SMALL_POOL, kv_store=str(tmp_path), kv_tier_gb=TIER_GB)
     try:
         state = second.state()
         assert state["tier_restored_blocks"] > 0, state
@@ -104,18 +109,20 @@ def test_store_serves_a_restarted_scheduler(default_model_path: str, reference: 
 
 def test_corrupt_blocks_are_recomputed(default_model_path: str, reference: dict, tmp_path: Path) -> None:
     histories: dict[int, list[int]] = {}
-    first, io = make(default_model_path, max_total_tokens=SMALL_POOL, kv_store=str(tmp_path))
+    first, io = make(default_model_path, max_total_tokens=SMALL_POOL, kv_store=str(tmp_path), kv_tier_gb=TIER_GB)
     try:
         run_sessions(first, io, range(TURNS - 1), histories)
         block_bytes, slot_bytes = first.ledger.tier.store.layout.data_bytes, first.ledger.tier.store.layout.slot_bytes
     finally:
         first.close()
     path = tmp_path / FILE_NAME
-    data = bytearray(path.read_bytes())
-    for slot in range(0, (len(data) - 4096) // slot_bytes, 3):  # a flipped byte in every third slot's data
-        data[4096 + slot * slot_bytes + 4096 + block_bytes // 2] ^= 0xFF
-    path.write_bytes(bytes(data))
-    second, io = make(default_model_path, max_total_tokens=SMALL_POOL, kv_store=str(tmp_path))
+    with open(path, "r+b") as fh:  # a flipped byte in every third slot's data
+        for slot in range(0, (path.stat().st_size - 4096) // slot_bytes, 3):
+            fh.seek(4096 + slot * slot_bytes + 4096 + block_bytes // 2)
+            byte = fh.read(1)[0]
+            fh.seek(-1, 1)
+            fh.write(bytes([byte ^ 0xFF]))
+    second, io = make(default_model_path, max_total_tokens=SMALL_POOL, kv_store=str(tmp_path), kv_tier_gb=TIER_GB)
     try:
         assert run_sessions(second, io, range(TURNS - 1, TURNS), histories) == {
             k: v for k, v in reference.items() if k[1] == TURNS - 1}
@@ -128,7 +135,7 @@ def test_corrupt_blocks_are_recomputed(default_model_path: str, reference: dict,
 def test_flush_empties_the_store(default_model_path: str, tmp_path: Path) -> None:
     from runtime.contracts.messages import FlushCacheReq
 
-    sched, io = make(default_model_path, max_total_tokens=SMALL_POOL, kv_store=str(tmp_path))
+    sched, io = make(default_model_path, max_total_tokens=SMALL_POOL, kv_store=str(tmp_path), kv_tier_gb=TIER_GB)
     try:
         run_sessions(sched, io, range(1), {})
         assert sched.state()["tier_blocks"] > 0
@@ -136,8 +143,49 @@ def test_flush_empties_the_store(default_model_path: str, tmp_path: Path) -> Non
         assert io.control[-1].success and sched.state()["tier_blocks"] == 0
     finally:
         sched.close()
-    again, io = make(default_model_path, max_total_tokens=SMALL_POOL, kv_store=str(tmp_path))
+    again, io = make(default_model_path, max_total_tokens=SMALL_POOL, kv_store=str(tmp_path), kv_tier_gb=TIER_GB)
     try:
         assert again.state()["tier_restored_blocks"] == 0
     finally:
         again.close()
+
+
+CRASHING_RUN = """
+import sys
+from runtime.support.default_model import ensure_default_model
+from tests.scheduler.harness import make
+from tests.scheduler import test_kv_tier as T
+sched, io = make(ensure_default_model(), max_total_tokens=T.SMALL_POOL, kv_store=sys.argv[1], kv_tier_gb=T.TIER_GB)
+T.run_sessions(sched, io, range(T.TURNS - 1), {})
+print("written", flush=True)
+histories = {}
+while True:  # more sessions' turns, so that the store is being written when the kill comes
+    T.run_sessions(sched, io, range(T.TURNS), histories)
+"""
+
+
+def test_sigkill_while_writing_then_restart(default_model_path: str, reference: dict, tmp_path: Path) -> None:
+    """kill -9 the scheduler's process while its writer fills the store; a new one on that store
+    is consistent and answers the last turn with the reference's tokens."""
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen([sys.executable, "-c", CRASHING_RUN, str(tmp_path)], cwd=root, stdout=subprocess.PIPE,
+                            env={**os.environ, "PYTHONPATH": str(root)})
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"written"
+        time.sleep(0.3)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    steps = session_turns()
+    histories = {s: SYSTEM + [t for turn in range(TURNS - 1) for t in steps[s][turn] + reference[(s, turn)]]
+                 for s in range(SESSIONS)}
+    sched, io = make(default_model_path, max_total_tokens=SMALL_POOL, kv_store=str(tmp_path), kv_tier_gb=TIER_GB)
+    try:
+        sched.check_integrity()
+        assert sched.state()["tier_restored_blocks"] > 0
+        assert run_sessions(sched, io, range(TURNS - 1, TURNS), histories) == {
+            k: v for k, v in reference.items() if k[1] == TURNS - 1}
+        assert sched.state()["tier_loads"] > 0
+        sched.check_idle_integrity()
+    finally:
+        sched.close()
