@@ -49,6 +49,8 @@ class _Write:
 class TierCounters:
     """What /get_load and /metrics report about the tier."""
 
+    hits: int = 0  # admissions whose prompt continued into the store
+    misses: int = 0  # admissions with whole blocks past the pool prefix, none of them stored
     hit_tokens: int = 0  # prompt tokens found in the store (loaded or not)
     loaded_tokens: int = 0
     loads: int = 0  # admissions that loaded from the store
@@ -102,11 +104,13 @@ class KVTier:
     def loadable(self, hashes: list[BlockHash], cached: int, limit: int) -> int:
         """Tokens after the `cached` pool prefix that the store holds, block by block up to
         position `limit`, and that are cheaper to load than to compute; 0 otherwise."""
-        first = cached // self.block_size
-        run = self.index.run_length(hashes[: limit // self.block_size], first)
+        first, last = cached // self.block_size, limit // self.block_size
+        run = self.index.run_length(hashes[:last], first)
         tokens = (first + run) * self.block_size - cached
         if tokens <= 0:
+            self.counters.misses += first < last
             return 0
+        self.counters.hits += 1
         self.counters.hit_tokens += tokens
         if not self.costs.prefer_load(tokens):
             return 0

@@ -15,7 +15,10 @@ names, for its dashboards), each with a `model_name` label:
                 `priority_label`; 0 without priority scheduling): priority_queue_time_seconds,
                 priority_time_to_first_token_seconds
     counters from the scheduler's totals: num_retracted_requests_total (SGLang's; KV pressure and
-                preemption), num_preempted_requests_total (for a more urgent request)
+                preemption), num_preempted_requests_total (for a more urgent request), and with a
+                KV tier (--kv-tier-gb, --kv-store): kv_tier_{hits,misses,hit_tokens,loaded_tokens,
+                loads_chosen,recomputes_chosen,bytes_read,bytes_written,corrupt_blocks}_total;
+                gauges kv_tier_blocks (held) and kv_pinned_tokens (Anthropic cache_control pins)
 
 Token counters and latencies come from the TokenizerManager's `on_output` hook
 (`observe_output`); the gauges from the scheduler's state (`update_state`) at each scrape and each
@@ -110,7 +113,10 @@ class ServerMetrics:
         self._scheduler_totals = {
             "retractions": self._counter("num_retracted_requests", "Requests retracted (KV pressure or preemption)"),
             "preemptions": self._counter("num_preempted_requests", "Requests retracted for a more urgent one"),
+            **{f"tier_{name}": self._counter(f"kv_tier_{name}", doc) for name, doc in TIER_TOTALS.items()},
         }
+        self.tier_blocks = self._gauge("kv_tier_blocks", "KV blocks held by the tier store")
+        self.pinned_tokens = self._gauge("kv_pinned_tokens", "Prompt tokens pinned by cache_control")
         self._seen_totals = dict.fromkeys(self._scheduler_totals, 0)
         self._last_token_at: dict[str, tuple[ReqState, float]] = {}
         # NOTE: plain totals alongside the counters: prometheus_client has no public getter
@@ -201,6 +207,8 @@ class ServerMetrics:
         self.used_tokens.set(kv_used(state))
         self.token_usage.set(kv_usage(state))
         self.spec_accept_length.set(state.get("spec_accept_length", 0.0))
+        self.tier_blocks.set(state.get("tier_blocks", 0))
+        self.pinned_tokens.set(state.get("pinned_tokens", 0))
         for key, counter in self._scheduler_totals.items():
             total = state.get(key, 0)
             if total > self._seen_totals[key]:
@@ -224,6 +232,20 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+# The KV tier's totals (scheduler/kv_tier.py, scheduler/tier_costs.py), as counters.
+TIER_TOTALS = {
+    "hits": "Admissions whose prompt continued into the KV tier",
+    "misses": "Admissions with whole blocks past the pool's prefix that the tier lacked",
+    "hit_tokens": "Prompt tokens found in the KV tier",
+    "loaded_tokens": "Prompt tokens loaded from the KV tier instead of computed",
+    "loads_chosen": "Tier hits the cost model chose to load",
+    "recomputes_chosen": "Tier hits the cost model chose to recompute",
+    "bytes_read": "Bytes loaded from the KV tier",
+    "bytes_written": "Bytes written to the KV tier",
+    "corrupt_blocks": "Tier blocks dropped for a bad checksum or hash",
+}
 
 
 def priority_label(priority: int) -> str:

@@ -59,3 +59,17 @@ def test_priority_label_is_bounded() -> None:
     r = PRIORITY_LABEL_RANGE
     assert labels == {"0", "1", "-1", str(r), str(-r), f">{r}", f"<-{r}"}
     assert priority_label(r + 1) == f">{r}" and priority_label(-r - 1) == f"<-{r}" and priority_label(3) == "3"
+
+
+def test_tier_totals_become_counters() -> None:
+    state = ServerState(ServerConfig(model_path="/models/m"))
+    state.metrics.update_state({"kv_total": 100, "tier_loaded_tokens": 640, "tier_loads_chosen": 3,
+                                "tier_recomputes_chosen": 1, "tier_blocks": 20, "pinned_tokens": 32})
+    state.metrics.update_state({"kv_total": 100, "tier_loaded_tokens": 700, "tier_loads_chosen": 4})
+    samples = {s.name: s.value for f in text_string_to_metric_families(state.metrics.render().decode())
+               for s in f.samples}
+    assert samples["radixserve:kv_tier_loaded_tokens_total"] == 700
+    assert samples["radixserve:kv_tier_loads_chosen_total"] == 4
+    assert samples["radixserve:kv_tier_recomputes_chosen_total"] == 1
+    assert samples["radixserve:kv_tier_blocks"] == 0  # a gauge: the last state had none
+    assert samples["radixserve:kv_tier_misses_total"] == 0
