@@ -34,10 +34,11 @@ LAYERS: dict[str, int] = {
 FACADES = {"runtime", "runtime.default_model", "runtime.__main__"}
 
 # Modules whose import must leave torch unloaded: the HTTP process, the detokenizer, the
-# scheduler's logic (its process entry and the runner it builds are the torch part), the pure
-# data structures and the contracts.
+# scheduler's logic (its process entry and the runner it builds are the torch part, and so is the
+# KV tier, which copies K/V and is imported only when it is on), the pure data structures and the
+# contracts.
 TORCH_FREE_GROUPS = ("tokenizer", "detokenizer", "radix", "runtime.contracts", "runtime.support", "scheduler")
-TORCH_USERS = {"tokenizer.engine", "scheduler.process"}
+TORCH_USERS = {"tokenizer.engine", "scheduler.process", "scheduler.kv_tier"}
 
 
 def module_name(path: Path) -> str:
