@@ -70,7 +70,7 @@ class Scheduler:
         self.eos_ids = eos_ids
         self.context_len = config.context_length
         ps = config.page_size
-        hasher = block_hasher(config, runner.engines)
+        hasher = block_hasher(config, runner)
         self.events = kv_events.from_config(config, config.device == "cuda") if hasher is not None else None
         cache = make_prefix_cache(KVAllocator(runner.kv_pool.num_slots, ps), ps, config.disable_radix_cache, hasher,
                                   self.events)

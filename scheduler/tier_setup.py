@@ -51,11 +51,11 @@ def model_fingerprint(config: ServerConfig, engines: list[dict[str, str]]) -> st
     return h.hexdigest()
 
 
-def block_hasher(config: ServerConfig, engines: list[dict[str, str]]) -> BlockHasher | None:
+def block_hasher(config: ServerConfig, runner: Any) -> BlockHasher | None:
     """The hasher when anything needs block hashes (the tier, KV events), else None."""
     if not (config.kv_tier_bytes or config.kv_events) or config.disable_radix_cache:
         return None
-    return BlockHasher(config.kv_block_size, model_fingerprint(config, engines))
+    return BlockHasher(config.kv_block_size, model_fingerprint(config, runner.engines))
 
 
 def build_tier(config: ServerConfig, runner: Any, cache: BasePrefixCache, hasher: BlockHasher) -> Any:

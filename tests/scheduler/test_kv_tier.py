@@ -61,7 +61,9 @@ def reference(default_model_path: str) -> dict[tuple[int, int], list[int]]:
     return run_sessions(sched, io, range(TURNS), {})
 
 
-@pytest.mark.parametrize(("page_size", "chunk", "overlap"), [(1, None, False), (16, 32, False), (1, 32, True)])
+# Every pair of page size {1, 16}, chunk {none, 32} and overlap {off, on}.
+@pytest.mark.parametrize(("page_size", "chunk", "overlap"),
+                         [(1, None, False), (16, 32, False), (1, 32, True), (16, None, True)])
 def test_tier_gives_the_tokens_of_recompute(default_model_path: str, reference: dict, page_size: int,
                                             chunk: int | None, overlap: bool) -> None:
     sched, io = make(default_model_path, max_total_tokens=SMALL_POOL, kv_tier_gb=TIER_GB, page_size=page_size,

@@ -429,12 +429,12 @@ def test_ngram_drafts_are_verified_and_keep_the_reference_tokens() -> None:
 
 
 def test_scheduling_needs_no_torch() -> None:
-    """Every scheduler module but the process entry imports without torch, and a whole workload
-    runs on the fake runner without loading it."""
+    """Every scheduler module but the process entry and the KV tier (which copies K/V) imports
+    without torch, and a whole workload runs on the fake runner without loading it."""
     script = (
         "import pkgutil, importlib, sys, scheduler\n"
         "for m in pkgutil.iter_modules(scheduler.__path__):\n"
-        "    if m.name != 'process':\n"
+        "    if m.name not in ('process', 'kv_tier'):\n"
         "        importlib.import_module('scheduler.' + m.name)\n"
         "from tests.scheduler.fake_runner import make_fake\n"
         "from tests.scheduler.io_helpers import submit\n"
