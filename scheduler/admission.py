@@ -69,14 +69,14 @@ class Admission:
             match = cache.match(req.fill_ids[: req.max_prefix_len()], req.extra_key)
             cache.lock(match.node)
             cached = len(match.indices)
-            load = self.ledger.tier_loadable(req, cached)
-            if not adder.try_add(req, match.indices, len(req.fill_ids) - cached - load):
+            plan = self.ledger.tier_plan(req, cached)
+            if not adder.try_add(req, match.indices, len(req.fill_ids) - cached - plan.tokens):
                 cache.unlock(match.node)
                 break
             self.ledger.bind(req, match)
-            if load and not self.ledger.load_from_tier(req, load):  # a corrupt block: compute it all
-                adder.admitted[-1] = (req, adder.admitted[-1][1] + load)
-                load = 0
+            load = self.ledger.load_from_tier(req, plan)
+            if load < plan.tokens:  # a corrupt block: compute those tokens after all
+                adder.admitted[-1] = (req, adder.admitted[-1][1] + plan.tokens)
             if req.admitted_at is None:
                 req.admitted_at = time.monotonic()
             if not req.output:  # a retracted request's re-admission is not a prompt cache hit

@@ -21,6 +21,7 @@ from scheduler.pins import Pins
 from scheduler.request import Req
 from scheduler.retract import decode_slots_needed
 from scheduler.speculative import trim_kv
+from scheduler.tier_costs import NO_PLAN, TierPlan
 
 if TYPE_CHECKING:  # torch loads with the tier only
     from scheduler.kv_tier import KVTier
@@ -57,18 +58,22 @@ class KVLedger:
         req.row, req.kv, req.prefix_len, req.node = row, list(match.indices), len(match.indices), match.node
         req.row_synced = 0
 
-    def tier_loadable(self, req: Req, cached: int) -> int:
-        """Tokens after `req`'s `cached` pool prefix worth loading from the KV tier (0: none)."""
+    def tier_plan(self, req: Req, cached: int) -> TierPlan:
+        """What the KV tier offers `req` past its `cached` pool prefix."""
         if self.tier is None:
-            return 0
+            return NO_PLAN
         limit = req.max_prefix_len()
         hashes = self.cache.block_hashes(req.fill_ids[:limit], req.extra_key, req.block_hashes)
-        return self.tier.loadable(hashes, cached, limit)
+        return self.tier.plan(hashes, cached, limit)
 
-    def load_from_tier(self, req: Req, n: int) -> int:
-        """After `bind`: give `req` slots for its next `n` tokens and fill them from the tier.
-        Returns the tokens loaded: `n`, or 0 when a block was corrupt (then nothing is held)."""
-        if n == 0 or self.tier is None:
+    def load_from_tier(self, req: Req, plan: TierPlan) -> int:
+        """After `bind`: carry out `plan`, giving `req` slots for the tokens it loads and filling
+        them. Returns the tokens loaded, 0 when a block was corrupt (then nothing is held)."""
+        if self.tier is None:
+            return 0
+        self.tier.count(plan)
+        n = plan.tokens
+        if n == 0:
             return 0
         start = req.computed
         ok = self.extend(req, n)

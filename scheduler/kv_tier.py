@@ -29,7 +29,7 @@ from radix.blocks import BlockHash, BlockHasher, token_bytes
 from radix.prefix_cache import BasePrefixCache
 from radix.tier_index import TierIndex
 from radix.tree import TreeNode
-from scheduler.tier_costs import TierCosts
+from scheduler.tier_costs import TierCosts, TierPlan
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +52,8 @@ class TierCounters:
     hits: int = 0  # admissions whose prompt continued into the store
     misses: int = 0  # admissions with whole blocks past the pool prefix, none of them stored
     hit_tokens: int = 0  # prompt tokens found in the store (loaded or not)
+    loads_chosen: int = 0  # hits the cost model chose to load
+    recomputes_chosen: int = 0  # hits it chose to compute
     loaded_tokens: int = 0
     loads: int = 0  # admissions that loaded from the store
     bytes_read: int = 0
@@ -101,20 +103,23 @@ class KVTier:
 
     # ------------------------------------------------------------------ loading (admission)
 
-    def loadable(self, hashes: list[BlockHash], cached: int, limit: int) -> int:
-        """Tokens after the `cached` pool prefix that the store holds, block by block up to
-        position `limit`, and that are cheaper to load than to compute; 0 otherwise."""
+    def plan(self, hashes: list[BlockHash], cached: int, limit: int) -> TierPlan:
+        """What the store holds after the `cached` pool prefix, block by block up to position
+        `limit`, and whether to load it (no side effects: admission may not go ahead)."""
         first, last = cached // self.block_size, limit // self.block_size
         run = self.index.run_length(hashes[:last], first)
-        tokens = (first + run) * self.block_size - cached
-        if tokens <= 0:
-            self.counters.misses += first < last
-            return 0
-        self.counters.hits += 1
-        self.counters.hit_tokens += tokens
-        if not self.costs.prefer_load(tokens):
-            return 0
-        return tokens
+        found = max((first + run) * self.block_size - cached, 0)
+        return TierPlan(found, found > 0 and self.costs.prefer_load(found), found == 0 and first < last)
+
+    def count(self, plan: TierPlan) -> None:
+        """An admission went ahead with `plan`."""
+        c = self.counters
+        c.misses += plan.missed
+        if plan.found:
+            c.hits += 1
+            c.hit_tokens += plan.found
+            c.loads_chosen += plan.load
+            c.recomputes_chosen += not plan.load
 
     def load(self, hashes: list[BlockHash], start: int, slots: list[int]) -> bool:
         """Copy the K/V of positions [start, start + len(slots)) from the store into `slots`.

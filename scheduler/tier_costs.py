@@ -10,6 +10,7 @@ the choice rarely depends on n: it flips when one rate crosses the other.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 SMOOTHING = 0.25  # weight of each new measurement
 MIN_PREFILL_TOKENS = 32  # smaller batches measure the per-step overhead more than prefill speed
@@ -20,8 +21,6 @@ class TierCosts:
     bytes_per_token: int
     copy_bytes_per_s: float
     prefill_tokens_per_s: float
-    loads_chosen: int = 0
-    recomputes_chosen: int = 0
 
     def load_s(self, tokens: int) -> float:
         return tokens * self.bytes_per_token / self.copy_bytes_per_s
@@ -30,12 +29,7 @@ class TierCosts:
         return tokens / self.prefill_tokens_per_s
 
     def prefer_load(self, tokens: int) -> bool:
-        load = self.load_s(tokens) <= self.recompute_s(tokens)
-        if load:
-            self.loads_chosen += 1
-        else:
-            self.recomputes_chosen += 1
-        return load
+        return self.load_s(tokens) <= self.recompute_s(tokens)
 
     def observe_copy(self, tokens: int, seconds: float) -> None:
         if tokens > 0 and seconds > 0:
@@ -46,7 +40,22 @@ class TierCosts:
         if tokens >= MIN_PREFILL_TOKENS and seconds > 0:
             self.prefill_tokens_per_s += SMOOTHING * (tokens / seconds - self.prefill_tokens_per_s)
 
-    def state(self) -> dict[str, float | int]:
+    def state(self) -> dict[str, float]:
         return {"tier_copy_gb_per_s": self.copy_bytes_per_s / 1e9,
-                "tier_prefill_tokens_per_s": self.prefill_tokens_per_s,
-                "tier_loads_chosen": self.loads_chosen, "tier_recomputes_chosen": self.recomputes_chosen}
+                "tier_prefill_tokens_per_s": self.prefill_tokens_per_s}
+
+
+class TierPlan(NamedTuple):
+    """What the store offers a prompt past its pool prefix, and whether to load it."""
+
+    found: int  # tokens the store holds there, block by block
+    load: bool  # loading them is cheaper than computing them
+    missed: bool  # whole blocks lay there and the store had none of them
+
+    @property
+    def tokens(self) -> int:
+        """Tokens to load (0: compute everything past the pool prefix)."""
+        return self.found if self.load else 0
+
+
+NO_PLAN = TierPlan(0, False, False)
