@@ -144,6 +144,8 @@ class KVTier:
             for kv, dest in ((0, self.pool.k[layer]), (1, self.pool.v[layer])):
                 src = torch.cat([v[layer, kv] for v in views])[skip:]
                 dest.index_copy_(0, idx, src.to(dest.device, non_blocking=True))
+        if self.pool.device.type == "cuda":  # the forward runs on the runner's own stream: order it after the copies
+            torch.cuda.current_stream(self.pool.device).synchronize()
         self.index.touch(blocks)
         seconds = time.perf_counter() - t0
         self.costs.observe_copy(len(slots), seconds)
