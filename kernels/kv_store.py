@@ -86,6 +86,7 @@ class KVStore:
         self._mm = self._map()
         self._bytes = torch.frombuffer(self._mm, dtype=torch.uint8) if self.size else torch.empty(0, dtype=torch.uint8)
         self._unverified: set[int] = set()  # slots found at start-up whose data crc is unchecked
+        self._fd = None if self.path is None else os.open(self.path, os.O_RDONLY)  # for reads (read_into)
 
     def _map(self) -> mmap.mmap:
         if self.path is None:
@@ -160,34 +161,45 @@ class KVStore:
         return (block, parent, tokens) if len(tokens) == 4 * count else None
 
     def read(self, slot: int, block: bytes) -> torch.Tensor | None:
-        """The slot's data if it holds `block` intact (a slot found at start-up has its data
-        checked once); None otherwise."""
-        head = self.header(slot)
+        """A copy of the slot's data if it holds `block` intact; None otherwise."""
+        out = torch.empty(self.layout.shape, dtype=self.layout.dtype)
+        return out if self.read_into(slot, block, out) else None
+
+    def read_into(self, slot: int, block: bytes, out: torch.Tensor) -> bool:
+        """Copy the slot's data into `out` (contiguous, `data(slot)`'s shape and dtype) if it holds
+        `block` intact; a slot found at start-up has its data checksum checked once.
+
+        NOTE: a file store is read with pread, not through the mapping: the first touch of each
+        page of a fresh mapping faults, which costs far more than the kernel's copy from the page
+        cache (after a restart every page is fresh)."""
+        off = self._offset(slot)
+        raw = os.pread(self._fd, ALIGN, off) if self._fd is not None else None
+        head = self.header(slot, raw)
         if head is None or head[0] != block:
-            return None
+            return False
+        dest = out.view(torch.uint8).reshape(-1).numpy().data  # a writable view of out
+        if self._fd is not None:
+            if os.preadv(self._fd, [dest], off + ALIGN) != self.layout.data_bytes:
+                return False
+        else:
+            out.copy_(self.data(slot))
         if slot in self._unverified:
-            off = self._offset(slot) + ALIGN
-            want = _SLOT_HEAD.unpack_from(self._mm, self._offset(slot) + 12)[3]
-            if zlib.crc32(memoryview(self._mm)[off : off + self.layout.data_bytes]) != want:
-                return None
+            body = raw if raw is not None else self._mm[off : off + ALIGN]
+            if zlib.crc32(dest) != _SLOT_HEAD.unpack_from(body, 12)[3]:
+                return False
             self._unverified.discard(slot)
-        return self.data(slot)
+        return True
 
     def scan(self) -> list[tuple[int, bytes, bytes, bytes]]:
         """(slot, block, parent, token ids) of every slot with a whole header (start-up)."""
         if not self.reused:
             return []
         found = []
-        assert self.path is not None
-        # NOTE: pread, not the mapping: faulting in one page per slot of a large mapping costs
-        # milliseconds a slot here, reading the same pages costs microseconds.
-        fd = os.open(self.path, os.O_RDONLY)
-        try:
-            heads = [os.pread(fd, ALIGN, self._offset(slot)) for slot in range(self.num_slots)]
-        finally:
-            os.close(fd)
-        for slot, raw in enumerate(heads):
-            head = self.header(slot, raw)
+        assert self._fd is not None
+        # NOTE: pread, not the mapping (see read_into): here one fault per slot header would cost
+        # seconds over a large store.
+        for slot in range(self.num_slots):
+            head = self.header(slot, os.pread(self._fd, ALIGN, self._offset(slot)))
             if head is not None:
                 found.append((slot, *head))
                 self._unverified.add(slot)
@@ -201,3 +213,6 @@ class KVStore:
     def close(self) -> None:
         self._bytes = torch.empty(0, dtype=torch.uint8)  # the region's views must go before it
         self._mm.close()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

@@ -84,6 +84,7 @@ class KVTier:
         self._jobs: queue.Queue[_Write | None] = queue.Queue()
         self._done: queue.Queue[_Write] = queue.Queue()
         self._in_flight = 0
+        self._staged = torch.empty((0, *self.store.layout.shape), dtype=self.store.layout.dtype)
         self._writer = threading.Thread(target=self._write_loop, name="kv-tier-writer", daemon=True)
         self._writer.start()
 
@@ -130,19 +131,17 @@ class KVTier:
         t0 = time.perf_counter()
         bs, end = self.block_size, start + len(slots)
         blocks = hashes[start // bs : end // bs]
-        views = []
-        for block in blocks:
-            data = self.store.read(self.index.slot(block), block)
-            if data is None:
+        staged = self._staging(len(blocks))
+        for i, block in enumerate(blocks):
+            if not self.store.read_into(self.index.slot(block), block, staged[i]):
                 self.store.erase(self.index.drop(block))
                 self.counters.corrupt_blocks += 1
                 return False
-            views.append(data)
         skip = start - (start // bs) * bs
         idx = torch.tensor(slots, dtype=torch.int64, device=self.pool.device)
         for layer in range(len(self.pool.k)):
             for kv, dest in ((0, self.pool.k[layer]), (1, self.pool.v[layer])):
-                src = torch.cat([v[layer, kv] for v in views])[skip:]
+                src = staged[:, layer, kv].reshape(-1, *dest.shape[1:])[skip:]
                 dest.index_copy_(0, idx, src.to(dest.device, non_blocking=True))
         if self.pool.device.type == "cuda":  # the forward runs on the runner's own stream: order it after the copies
             torch.cuda.current_stream(self.pool.device).synchronize()
@@ -153,6 +152,14 @@ class KVTier:
         self.counters.loaded_tokens += len(slots)
         self.counters.bytes_read += len(blocks) * self.store.layout.data_bytes
         return True
+
+    def _staging(self, n: int) -> torch.Tensor:
+        """A host buffer for `n` blocks, kept and reused: fresh memory would fault page by page
+        on every load."""
+        if self._staged.shape[0] < n:
+            self._staged = torch.empty((max(n, 2 * self._staged.shape[0]), *self.store.layout.shape),
+                                       dtype=self.store.layout.dtype)
+        return self._staged[:n]
 
     # ------------------------------------------------------------------ writing (release)
 
