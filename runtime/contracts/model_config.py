@@ -12,14 +12,18 @@ from typing import Any
 from runtime.contracts.errors import UnsupportedModel
 
 # Architecture name -> (qkv bias forced on, per-head q/k RMSNorm). Mistral is Llama without
-# sliding windows; `_check_supported` rejects a Mistral that actually uses one.
+# sliding windows; `_architecture` rejects a Mistral or Phi-3 that actually uses one. Phi-3 is
+# Llama with q/k/v and gate/up fused in the checkpoint (runtime/models/phi3.py splits them).
 ARCHITECTURES: dict[str, tuple[bool, bool]] = {
     "LlamaForCausalLM": (False, False),
     "MistralForCausalLM": (False, False),
+    "Phi3ForCausalLM": (False, False),
     "Qwen2ForCausalLM": (True, False),
     "Qwen3ForCausalLM": (False, True),
 }
 ROPE_TYPES = ("default", "linear", "llama3")
+# Architectures whose HF model applies `sliding_window` whenever it is set (no `use_sliding_window`).
+WINDOWED_BY_DEFAULT = ("MistralForCausalLM", "Phi3ForCausalLM")
 
 
 @dataclass(frozen=True)
@@ -91,9 +95,13 @@ def _architecture(hf: dict[str, Any]) -> str:
     if hf.get("hidden_act", "silu") != "silu":
         raise UnsupportedModel(f"{arch} with hidden_act={hf['hidden_act']!r} is not supported (only silu)")
     window = hf.get("sliding_window")
-    uses_window = hf.get("use_sliding_window", arch == "MistralForCausalLM")
-    if uses_window and window and window < hf.get("max_position_embeddings", 0):
-        raise UnsupportedModel(f"{arch} with sliding_window={window} is not supported")
+    uses_window = hf.get("use_sliding_window", arch in WINDOWED_BY_DEFAULT)
+    context = hf.get("max_position_embeddings", 0)
+    if uses_window and window and window < context:
+        raise UnsupportedModel(
+            f"{arch} with sliding_window={window} below max_position_embeddings={context} is not supported "
+            "(sliding-window attention is not implemented)"
+        )
     return arch
 
 
@@ -104,9 +112,14 @@ def _rope(hf: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
     params.pop("type", None)
     if rope_type not in ROPE_TYPES:
-        raise UnsupportedModel(f"rope_type {rope_type!r} is not supported; supported: {', '.join(ROPE_TYPES)}")
-    if float(params.get("partial_rotary_factor", hf.get("partial_rotary_factor") or 1.0)) != 1.0:
-        raise UnsupportedModel("partial_rotary_factor != 1 is not supported")
+        # e.g. Phi-3's "longrope", whose short/long factors switch with the whole sequence's length.
+        raise UnsupportedModel(
+            f"rope_scaling / rope_parameters with rope_type {rope_type!r} is not supported; "
+            f"supported: {', '.join(ROPE_TYPES)}"
+        )
+    partial = float(params.pop("partial_rotary_factor", None) or hf.get("partial_rotary_factor") or 1.0)
+    if partial != 1.0:
+        raise UnsupportedModel(f"partial_rotary_factor={partial} is not supported (only 1.0: the whole head rotates)")
     if rope_type == "default":
         return theta, None
     if rope_type == "llama3":

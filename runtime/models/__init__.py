@@ -8,12 +8,15 @@ from runtime.contracts.errors import UnsupportedModel
 from runtime.contracts.model_config import ModelConfig
 from runtime.models.base import CausalLM
 from runtime.models.llama import LlamaForCausalLM
+from runtime.models.phi3 import Phi3ForCausalLM
 from runtime.models.qwen2 import Qwen2ForCausalLM
 from runtime.models.qwen3 import Qwen3ForCausalLM
 from runtime.parallel.context import ParallelContext
 
 MODEL_REGISTRY: dict[str, type[CausalLM]] = {
-    arch: cls for cls in (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM) for arch in cls.architectures
+    arch: cls
+    for cls in (LlamaForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)
+    for arch in cls.architectures
 }
 
 

@@ -1,4 +1,4 @@
-"""One decoder for Llama, Qwen2 and Qwen3, parameterized by `ModelConfig`.
+"""One decoder for Llama, Qwen2, Qwen3 and Phi-3, parameterized by `ModelConfig`.
 
 Per layer: RMSNorm -> fused qkv projection -> (Qwen3: per-head q/k RMSNorm) -> rotary ->
 backend attention (writes K/V to the paged pool) -> o_proj -> residual add + RMSNorm -> fused
@@ -181,7 +181,7 @@ FUSED_SHARDS = {
 
 
 class CausalLM(nn.Module):
-    """The decoder plus lm_head; architecture classes (llama.py, qwen2.py, qwen3.py) subclass it."""
+    """The decoder plus lm_head; architecture classes (llama.py, phi3.py, qwen2.py, qwen3.py) subclass it."""
 
     architectures: tuple[str, ...] = ()  # the HF `architectures` names a subclass serves
 

@@ -29,6 +29,8 @@ CHECKPOINTS = {
     "llama3_rope": ("LlamaConfig", "LlamaForCausalLM", dict(rope_parameters=LLAMA3_ROPE)),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=False)),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=32, tie_word_embeddings=True)),
+    # Phi3Config's default pad_token_id (32000) is past the tiny vocabulary.
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(pad_token_id=0, tie_word_embeddings=False)),
 }
 
 
@@ -98,7 +100,7 @@ def test_matches_hf_fp32(checkpoints, key):
     assert rel_err(got[-1], want[-1]) <= 1e-5
 
 
-@pytest.mark.parametrize("key", ["llama_tied", "qwen2", "qwen3"])
+@pytest.mark.parametrize("key", ["llama_tied", "qwen2", "qwen3", "phi3"])
 def test_matches_hf_bf16(checkpoints, key):
     """bf16 against the fp32 reference: within 2e-2, or at least as close as HF's own bf16 run."""
     path, hf = checkpoints[key]
@@ -168,7 +170,7 @@ def test_unknown_architecture_lists_supported():
     hf = {**TINY, "num_hidden_layers": 1, "architectures": ["GPT2LMHeadModel"]}
     with pytest.raises(UnsupportedModel) as err:
         ModelConfig.from_hf(hf)
-    for name in ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"):
+    for name in ("LlamaForCausalLM", "Phi3ForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"):
         assert name in str(err.value)
     assert set(MODEL_REGISTRY) == set(ARCHITECTURES)
 
@@ -187,6 +189,40 @@ def test_config_rope_formats_agree():
     qwen2 = ModelConfig.from_hf({**base, "architectures": ["Qwen2ForCausalLM"]})
     assert qwen2.qkv_bias and not qwen2.o_bias and not qwen2.qk_norm
     assert ModelConfig.from_hf({**base, "architectures": ["Qwen3ForCausalLM"], "head_dim": 32}).qk_norm
+
+
+def test_phi3_checkpoint_holds_fused_projections(checkpoints):
+    """Phi-3's checkpoint stores qkv_proj and gate_up_proj whole: a short one is refused by name."""
+    path, _ = checkpoints["phi3"]
+    from runtime.execution.weights import iter_safetensors
+
+    tensors = dict(iter_safetensors(str(path)))
+    assert "model.layers.0.self_attn.qkv_proj.weight" in tensors and "model.layers.0.mlp.gate_up_proj.weight" in tensors
+    model = build_model(model_config(path), torch.float32, CPU)
+    name = "model.layers.1.mlp.gate_up_proj.weight"
+    with pytest.raises(ValueError, match=name):
+        model.load_weights([*tensors.items(), (name, tensors[name][:-1])])
+
+
+PHI3 = {**TINY, "num_hidden_layers": 1, "architectures": ["Phi3ForCausalLM"], "max_position_embeddings": 4096}
+LONGROPE = {"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0] * 8, "long_factor": [2.0] * 8,
+            "original_max_position_embeddings": 4096}
+
+
+@pytest.mark.parametrize("extra,match", [
+    ({"sliding_window": 2047}, "sliding_window=2047"),  # Phi-3-mini-4k's window: half its context
+    ({"rope_scaling": LONGROPE}, "rope_scaling / rope_parameters with rope_type 'longrope'"),
+    ({"rope_parameters": LONGROPE}, "rope_type 'longrope'"),
+    ({"partial_rotary_factor": 0.75}, "partial_rotary_factor=0.75"),  # Phi-4-mini
+])
+def test_phi3_configs_we_do_not_run_are_refused(extra, match):
+    with pytest.raises(UnsupportedModel, match=match):
+        ModelConfig.from_hf({**PHI3, **extra})
+
+
+def test_phi3_window_as_long_as_the_context_is_plain_attention():
+    assert ModelConfig.from_hf({**PHI3, "sliding_window": 4096}).architecture == "Phi3ForCausalLM"
+    assert ModelConfig.from_hf({**PHI3, "sliding_window": None}).rope_scaling is None
 
 
 def test_default_model_matches_hf(default_model_path):
