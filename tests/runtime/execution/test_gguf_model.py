@@ -1,4 +1,5 @@
-"""GGUF files as model_path: converted once into a cached Hugging Face folder, then served."""
+"""GGUF files as model_path: served from the file alone where its blocks run (a cached metadata
+folder gives the config and tokenizer), else converted once into a cached Hugging Face folder."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from runtime.contracts.config import ServerConfig
 from runtime.contracts.errors import InvalidRequest
 from runtime.execution.gguf_model import ensure_gguf_folder, gguf_folder, is_gguf_path
 from runtime.execution.resolve import default_model_format, resolve_config
-from runtime.support.default_model import gguf_path
+from runtime.support.default_model import ensure_default_metadata, gguf_path
 from tokenizer.server_state import served_model_name
 
 
@@ -58,7 +59,13 @@ def test_embedded_gguf_serves_like_the_default_model(
         conversions.append(source)
         shutil.copytree(default_model_path, out, dirs_exist_ok=True)
 
+    def copy_metadata(source: Path, out: Path) -> None:
+        conversions.append(source)
+        shutil.copytree(default_metadata, out, dirs_exist_ok=True)
+
+    default_metadata = default_model.ensure_default_metadata()
     monkeypatch.setattr(default_model, "convert_gguf", copy_default)
+    monkeypatch.setattr(default_model, "write_gguf_metadata", copy_metadata)
     monkeypatch.setenv("RADIXSERVE_CACHE_DIR", str(tmp_path))
     source = str(gguf_path())
     # By default: the converted folder's weights, in full precision.
@@ -67,10 +74,15 @@ def test_embedded_gguf_serves_like_the_default_model(
     assert resolved.load_format == "auto" and resolved.gguf_file is None
     assert resolved.tokenizer_path == resolved.model_path
     assert resolved.served_model_name == "SmolLM2-135M-Instruct.Q4_1"
-    # --load-format gguf on CPU: the file's blocks; the folder gives the config and the tokenizer.
+    assert resolve_config(ServerConfig(model_path=source)).model_path == resolved.model_path
+    assert conversions == [Path(source).resolve()]  # converted once
+    # --load-format gguf on CPU: the file's blocks; its metadata folder (no weights) gives the
+    # config and the tokenizer.
     again = resolve_config(ServerConfig(model_path=source, load_format="gguf"))
-    assert again.model_path == resolved.model_path and conversions == [Path(source).resolve()]  # converted once
-    assert again.load_format == "gguf" and again.gguf_file == source
+    assert again.model_path == resolved.model_path + "-metadata" and len(conversions) == 2
+    assert again.load_format == "gguf" and again.gguf_file == source and again.tokenizer_path == again.model_path
+    assert resolve_config(ServerConfig(model_path=source, load_format="gguf")).model_path == again.model_path
+    assert len(conversions) == 2 and not list(Path(again.model_path).glob("*.safetensors"))
     with pytest.raises(InvalidRequest, match="no --quantization") as info:
         resolve_config(ServerConfig(model_path=source, load_format="gguf", quantization="q8_0"))
     assert info.value.param == "quantization"
@@ -81,12 +93,13 @@ def test_embedded_gguf_serves_like_the_default_model(
 
 
 def test_the_default_model_runs_its_shipped_blocks_on_cpu(default_model_path: str) -> None:
-    """No model path on CPU: the Q4_1 file's blocks, with the converted folder's config, tokenizer
-    and name; a dtype or a quantization asked for means full precision from that folder."""
+    """No model path on CPU: the Q4_1 file's blocks, with the config and tokenizer of its metadata
+    and the default model's name; a dtype or a quantization asked for means full precision from
+    the converted folder."""
     for asked in ({}, {"load_format": "gguf"}):
         resolved = resolve_config(ServerConfig(device="cpu", **asked))
         assert resolved.load_format == "gguf" and resolved.gguf_file == str(gguf_path())
-        assert resolved.model_path == default_model_path
+        assert resolved.model_path == ensure_default_metadata()
         assert served_model_name(resolved) == "SmolLM2-135M-Instruct"
     for asked in ({"dtype": "float32"}, {"dtype": "bfloat16"}, {"quantization": "int8"}):
         full = resolve_config(ServerConfig(device="cpu", **asked))
@@ -101,3 +114,24 @@ def test_the_default_model_falls_back_to_full_precision(monkeypatch: pytest.Monk
     monkeypatch.setenv("RADIXSERVE_CPU_KERNELS", "0")  # the kernels off (or not built)
     load_format, why = default_model_format(ServerConfig(), cpu)
     assert load_format == "auto" and "kernels cannot run here" in why
+
+
+def test_greedy_tokens_from_the_file_alone_equal_the_converted_folders(
+    default_model_path: str, chat_ids: list[list[int]]
+) -> None:
+    """The same blocks, configured once by the file's metadata and once by the converted folder:
+    the same greedy tokens and finishes (EOS honoured) through the real scheduler."""
+    from scheduler.process import build_scheduler
+    from tests.scheduler.harness import FakeIO, run_until_idle, submit
+
+    alone = resolve_config(ServerConfig(model_path=str(gguf_path()), device="cpu", dtype="float32",
+                                        load_format="gguf", max_total_tokens=1024))
+    converted = alone.replace(model_path=default_model_path, tokenizer_path=default_model_path)
+    results = []
+    for config in (alone, converted):
+        io = FakeIO()
+        sched = build_scheduler(config, io)
+        for i, prompt in enumerate(chat_ids[:3]):
+            submit(io, f"r{i}", prompt, max_new_tokens=24, ignore_eos=False)
+        results.append({rid: (r["ids"], r["finish"]) for rid, r in run_until_idle(sched, io).items()})
+    assert results[0] == results[1] and len(results[0]) == 3
