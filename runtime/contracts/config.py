@@ -41,10 +41,11 @@ class ServerConfig:
     load_format: str = _opt(
         "auto", "how to load weights: auto (safetensors; a .gguf model_path is dequantized once into a cached "
         "folder), gguf (on CPU a .gguf's q8_0/q4_0/q4_1 linears run from their blocks by our kernels, with no "
-        "full-precision copy; elsewhere its dequantized folder), or random dummy weights", ("auto", "gguf", "dummy"))
+        "full-precision copy, config and tokenizer from its metadata; elsewhere its dequantized folder), or "
+        "random dummy weights", ("auto", "gguf", "dummy"))
     gguf_file: str | None = _opt(
         None, "the .gguf whose blocks load_format gguf runs; set from a .gguf model_path (model_path then names "
-        "the folder with its config and tokenizer)")
+        "the folder with its config and tokenizer, read from the file's metadata)")
     dtype: str = _opt(
         "auto", "weight and activation dtype; auto: on CPU bfloat16 where the CPU computes it natively "
         "(AVX-512 BF16 or AMX), float32 elsewhere; on CUDA the checkpoint's dtype (float32 ones run in bfloat16)",
