@@ -87,7 +87,8 @@ def resolve_config(config: ServerConfig) -> ServerConfig:
                 logger.info("load_format gguf runs the file's blocks on CPU only: serving its converted folder")
                 load_format = "auto"
             model_path = ensure_default_model()
-    elif load_format == "gguf" or is_gguf_path(model_path):
+    elif is_gguf_path(model_path) or (load_format == "gguf" and gguf_file is None):
+        # A folder with --gguf-file names the file's config and tokenizer itself: used as given.
         served_name = served_name or os.path.basename(model_path).removesuffix(".gguf")
         native = device.type == "cpu" and load_format == "gguf"
         if load_format == "gguf" and not native:

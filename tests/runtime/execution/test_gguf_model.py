@@ -106,6 +106,15 @@ def test_the_default_model_runs_its_shipped_blocks_on_cpu(default_model_path: st
         assert full.load_format == "auto" and full.gguf_file is None and full.model_path == default_model_path
 
 
+def test_a_folder_with_a_gguf_file_is_used_as_given(default_model_path: str) -> None:
+    """--model-path FOLDER --load-format gguf --gguf-file FILE: the folder's config and tokenizer,
+    the file's blocks (the folder is not taken for a .gguf)."""
+    resolved = resolve_config(ServerConfig(device="cpu", model_path=default_model_path, load_format="gguf",
+                                           gguf_file=str(gguf_path())))
+    assert (resolved.model_path, resolved.gguf_file, resolved.load_format) == (
+        default_model_path, str(gguf_path()), "gguf")
+
+
 def test_the_default_model_falls_back_to_full_precision(monkeypatch: pytest.MonkeyPatch) -> None:
     cpu = torch.device("cpu")
     assert default_model_format(ServerConfig(), cpu)[0] == "gguf"
