@@ -12,8 +12,9 @@ from typing import Any
 from runtime.contracts.errors import UnsupportedModel
 
 # Architecture name -> (qkv bias forced on, per-head q/k RMSNorm). Mistral is Llama without
-# sliding windows; `_architecture` rejects a Mistral or Phi-3 that actually uses one. Phi-3 is
-# Llama with q/k/v and gate/up fused in the checkpoint (runtime/models/phi3.py splits them).
+# sliding windows (7B v0.2/v0.3 ship `sliding_window: null`); `_check_window` rejects a Mistral or
+# Phi-3 that actually uses one. Phi-3 is Llama with q/k/v and gate/up fused in the checkpoint
+# (runtime/models/phi3.py splits them).
 ARCHITECTURES: dict[str, tuple[bool, bool]] = {
     "LlamaForCausalLM": (False, False),
     "MistralForCausalLM": (False, False),
@@ -24,6 +25,8 @@ ARCHITECTURES: dict[str, tuple[bool, bool]] = {
 ROPE_TYPES = ("default", "linear", "llama3")
 # Architectures whose HF model applies `sliding_window` whenever it is set (no `use_sliding_window`).
 WINDOWED_BY_DEFAULT = ("MistralForCausalLM", "Phi3ForCausalLM")
+# The context length assumed when config.json omits max_position_embeddings.
+DEFAULT_CONTEXT = 4096
 
 
 @dataclass(frozen=True)
@@ -75,7 +78,7 @@ class ModelConfig:
             rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
             rope_theta=theta,
             rope_scaling=scaling,
-            max_position_embeddings=hf.get("max_position_embeddings", 4096),
+            max_position_embeddings=hf.get("max_position_embeddings", DEFAULT_CONTEXT),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             qkv_bias=force_qkv_bias or attention_bias,
             o_bias=attention_bias and not force_qkv_bias,
@@ -94,15 +97,24 @@ def _architecture(hf: dict[str, Any]) -> str:
         raise UnsupportedModel(f"unsupported model architecture {archs or '(none given)'}; supported: {supported}")
     if hf.get("hidden_act", "silu") != "silu":
         raise UnsupportedModel(f"{arch} with hidden_act={hf['hidden_act']!r} is not supported (only silu)")
+    _check_window(arch, hf)
+    return arch
+
+
+def _check_window(arch: str, hf: dict[str, Any]) -> None:
+    """Refuse a sliding window shorter than the context: we run full attention only.
+
+    A window of null, or one at least as long as the context, never drops a key, so full attention
+    is exact. The context defaults as in `from_hf`, so what we check is what we serve.
+    """
     window = hf.get("sliding_window")
     uses_window = hf.get("use_sliding_window", arch in WINDOWED_BY_DEFAULT)
-    context = hf.get("max_position_embeddings", 0)
+    context = hf.get("max_position_embeddings", DEFAULT_CONTEXT)
     if uses_window and window and window < context:
         raise UnsupportedModel(
             f"{arch} with sliding_window={window} below max_position_embeddings={context} is not supported "
             "(sliding-window attention is not implemented)"
         )
-    return arch
 
 
 def _rope(hf: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:

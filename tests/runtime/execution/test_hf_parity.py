@@ -1,6 +1,6 @@
 """Our paged-KV model runner against Hugging Face transformers on the same weights.
 
-Tiny random-weight Llama (GQA), Qwen2, Qwen3 and Phi-3 checkpoints are written by the tests; the real
+Tiny random-weight Llama (GQA), Qwen2, Qwen3, Phi-3 and Mistral checkpoints are written by the tests; the real
 default model (SmolLM2-135M-Instruct) runs greedy generation for 4 chat prompts in one batch
 (HF's answers to them are computed once per run, in tests/conftest.py).
 """
@@ -38,6 +38,8 @@ def _tiny_config(arch: str) -> transformers.PretrainedConfig:
         return transformers.Qwen2Config(**common)
     if arch == "phi3":  # fused qkv / gate_up in the checkpoint; its default pad id is past this vocabulary
         return transformers.Phi3Config(**common, pad_token_id=0)
+    if arch == "mistral":  # Mistral 7B v0.2/v0.3: no sliding window
+        return transformers.MistralConfig(**common, sliding_window=None)
     return transformers.Qwen3Config(**common, head_dim=32)  # head_dim != hidden / heads
 
 
@@ -46,10 +48,11 @@ _MODEL_CLASSES = {
     "qwen2": transformers.Qwen2ForCausalLM,
     "qwen3": transformers.Qwen3ForCausalLM,
     "phi3": transformers.Phi3ForCausalLM,
+    "mistral": transformers.MistralForCausalLM,
 }
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "phi3"])
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "phi3", "mistral"])
 def tiny_checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     torch.manual_seed(0)
     hf = _MODEL_CLASSES[request.param](_tiny_config(request.param)).eval()

@@ -17,6 +17,7 @@ from runtime.contracts.model_config import ARCHITECTURES
 from runtime.execution.cpu_kernels import load_cpu_kernels
 from runtime.execution.weights import load_model
 from runtime.models import MODEL_REGISTRY, ModelConfig, build_model
+from runtime.models.llama import LlamaForCausalLM
 
 CPU = torch.device("cpu")
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -31,6 +32,8 @@ CHECKPOINTS = {
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=32, tie_word_embeddings=True)),
     # Phi3Config's default pad_token_id (32000) is past the tiny vocabulary.
     "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(pad_token_id=0, tie_word_embeddings=False)),
+    # Mistral 7B v0.2/v0.3: Llama's decoder, `sliding_window: null`.
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=None, tie_word_embeddings=False)),
 }
 
 
@@ -100,7 +103,7 @@ def test_matches_hf_fp32(checkpoints, key):
     assert rel_err(got[-1], want[-1]) <= 1e-5
 
 
-@pytest.mark.parametrize("key", ["llama_tied", "qwen2", "qwen3", "phi3"])
+@pytest.mark.parametrize("key", ["llama_tied", "qwen2", "qwen3", "phi3", "mistral"])
 def test_matches_hf_bf16(checkpoints, key):
     """bf16 against the fp32 reference: within 2e-2, or at least as close as HF's own bf16 run."""
     path, hf = checkpoints[key]
@@ -170,7 +173,7 @@ def test_unknown_architecture_lists_supported():
     hf = {**TINY, "num_hidden_layers": 1, "architectures": ["GPT2LMHeadModel"]}
     with pytest.raises(UnsupportedModel) as err:
         ModelConfig.from_hf(hf)
-    for name in ("LlamaForCausalLM", "Phi3ForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"):
+    for name in ("LlamaForCausalLM", "MistralForCausalLM", "Phi3ForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"):
         assert name in str(err.value)
     assert set(MODEL_REGISTRY) == set(ARCHITECTURES)
 
@@ -223,6 +226,28 @@ def test_phi3_configs_we_do_not_run_are_refused(extra, match):
 def test_phi3_window_as_long_as_the_context_is_plain_attention():
     assert ModelConfig.from_hf({**PHI3, "sliding_window": 4096}).architecture == "Phi3ForCausalLM"
     assert ModelConfig.from_hf({**PHI3, "sliding_window": None}).rope_scaling is None
+
+
+# Mistral 7B v0.1 as shipped: a 4096-token window over a 32k context.
+MISTRAL = {**TINY, "num_hidden_layers": 1, "architectures": ["MistralForCausalLM"],
+           "max_position_embeddings": 32768, "sliding_window": 4096}
+
+
+def test_mistral_with_a_short_window_is_refused():
+    with pytest.raises(UnsupportedModel, match="MistralForCausalLM with sliding_window=4096 below "
+                       r"max_position_embeddings=32768 .*sliding-window attention is not implemented"):
+        ModelConfig.from_hf(MISTRAL)
+    # No max_position_embeddings: the window is checked against the context we would serve.
+    no_context = {k: v for k, v in MISTRAL.items() if k != "max_position_embeddings"}
+    with pytest.raises(UnsupportedModel, match="sliding_window=4095 below max_position_embeddings=4096"):
+        ModelConfig.from_hf({**no_context, "sliding_window": 4095})
+
+
+@pytest.mark.parametrize("window", [None, 32768, 65536])
+def test_mistral_without_a_short_window_is_llama(window):
+    cfg = ModelConfig.from_hf({**MISTRAL, "sliding_window": window})
+    assert cfg.architecture == "MistralForCausalLM" and MODEL_REGISTRY[cfg.architecture] is LlamaForCausalLM
+    assert cfg.max_position_embeddings == 32768
 
 
 def test_default_model_matches_hf(default_model_path):
