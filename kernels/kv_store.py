@@ -184,8 +184,8 @@ class KVStore:
         else:
             out.copy_(self.data(slot))
         if slot in self._unverified:
-            body = raw if raw is not None else self._mm[off : off + ALIGN]
-            if zlib.crc32(dest) != _SLOT_HEAD.unpack_from(body, 12)[3]:
+            assert raw is not None, "only a file store has slots found at start-up"
+            if zlib.crc32(dest) != _SLOT_HEAD.unpack_from(raw, 12)[3]:
                 return False
             self._unverified.discard(slot)
         return True

@@ -223,7 +223,9 @@ class RadixTree:
             node.children[self._child_key(extra_key, leaf.key)] = leaf
             self._evictable += len(leaf.key)
             if self.events is not None and blocks:
-                bs, first = self.block_size or 1, pos // (self.block_size or 1)
+                bs = self.block_size
+                assert bs is not None, "events need a block size (checked in __init__)"
+                first = pos // bs
                 parent = hashes[first - 1] if first > 0 else None
                 self.events.stored(blocks, parent, k[first * bs : (first + len(blocks)) * bs])
         return pos

@@ -25,6 +25,7 @@ pytestmark = pytest.mark.slow
 
 SYSTEM = list(range(1000, 1100))  # a shared 100-token system prompt
 SESSIONS, TURNS, NEW = 4, 3, 4
+LAST = range(TURNS - 1, TURNS)  # the turn run after a restart
 SMALL_POOL = 320  # tokens: the pool holds about two sessions' histories
 TIER_GB = 0.25
 
@@ -52,6 +53,15 @@ def run_sessions(sched: Any, io: Any, turns: range,
             results[(s, t)] = ids
             histories[s] += ids
     return results
+
+
+def on_store(model_path: str, folder: Path) -> tuple[Any, Any]:
+    """A scheduler with the small pool and a persistent tier in `folder`."""
+    return make(model_path, max_total_tokens=SMALL_POOL, kv_store=str(folder), kv_tier_gb=TIER_GB)
+
+
+def turns_of(results: dict[tuple[int, int], list[int]], turns: range) -> dict[tuple[int, int], list[int]]:
+    return {key: ids for key, ids in results.items() if key[1] in turns}
 
 
 @pytest.fixture(scope="module")
@@ -91,18 +101,16 @@ def test_tier_recompute_choice_gives_the_same_tokens(default_model_path: str, re
 
 def test_store_serves_a_restarted_scheduler(default_model_path: str, reference: dict, tmp_path: Path) -> None:
     histories: dict[int, list[int]] = {}
-    first, io = make(default_model_path, max_total_tokens=SMALL_POOL, kv_store=str(tmp_path), kv_tier_gb=TIER_GB)
+    first, io = on_store(default_model_path, tmp_path)
     try:
-        assert run_sessions(first, io, range(TURNS - 1), histories) == {k: v for k, v in reference.items()
-                                                                         if k[1] < TURNS - 1}
+        assert run_sessions(first, io, range(TURNS - 1), histories) == turns_of(reference, range(TURNS - 1))
     finally:
         first.close()
-    second, io = make(default_model_path, max_total_tokens=SMALL_POOL, kv_store=str(tmp_path), kv_tier_gb=TIER_GB)
+    second, io = on_store(default_model_path, tmp_path)
     try:
         state = second.state()
         assert state["tier_restored_blocks"] > 0, state
-        assert run_sessions(second, io, range(TURNS - 1, TURNS), histories) == {
-            k: v for k, v in reference.items() if k[1] == TURNS - 1}
+        assert run_sessions(second, io, LAST, histories) == turns_of(reference, LAST)
         state = second.state()
         assert state["tier_loads"] >= SESSIONS and state["tier_corrupt_blocks"] == 0, state
     finally:
@@ -111,7 +119,7 @@ def test_store_serves_a_restarted_scheduler(default_model_path: str, reference: 
 
 def test_corrupt_blocks_are_recomputed(default_model_path: str, reference: dict, tmp_path: Path) -> None:
     histories: dict[int, list[int]] = {}
-    first, io = make(default_model_path, max_total_tokens=SMALL_POOL, kv_store=str(tmp_path), kv_tier_gb=TIER_GB)
+    first, io = on_store(default_model_path, tmp_path)
     try:
         run_sessions(first, io, range(TURNS - 1), histories)
         block_bytes, slot_bytes = first.ledger.tier.store.layout.data_bytes, first.ledger.tier.store.layout.slot_bytes
@@ -124,10 +132,9 @@ def test_corrupt_blocks_are_recomputed(default_model_path: str, reference: dict,
             byte = fh.read(1)[0]
             fh.seek(-1, 1)
             fh.write(bytes([byte ^ 0xFF]))
-    second, io = make(default_model_path, max_total_tokens=SMALL_POOL, kv_store=str(tmp_path), kv_tier_gb=TIER_GB)
+    second, io = on_store(default_model_path, tmp_path)
     try:
-        assert run_sessions(second, io, range(TURNS - 1, TURNS), histories) == {
-            k: v for k, v in reference.items() if k[1] == TURNS - 1}
+        assert run_sessions(second, io, LAST, histories) == turns_of(reference, LAST)
         assert second.state()["tier_corrupt_blocks"] > 0
         second.check_idle_integrity()
     finally:
@@ -137,7 +144,7 @@ def test_corrupt_blocks_are_recomputed(default_model_path: str, reference: dict,
 def test_flush_empties_the_store(default_model_path: str, tmp_path: Path) -> None:
     from runtime.contracts.messages import FlushCacheReq
 
-    sched, io = make(default_model_path, max_total_tokens=SMALL_POOL, kv_store=str(tmp_path), kv_tier_gb=TIER_GB)
+    sched, io = on_store(default_model_path, tmp_path)
     try:
         run_sessions(sched, io, range(1), {})
         assert sched.state()["tier_blocks"] > 0
@@ -145,7 +152,7 @@ def test_flush_empties_the_store(default_model_path: str, tmp_path: Path) -> Non
         assert io.control[-1].success and sched.state()["tier_blocks"] == 0
     finally:
         sched.close()
-    again, io = make(default_model_path, max_total_tokens=SMALL_POOL, kv_store=str(tmp_path), kv_tier_gb=TIER_GB)
+    again, io = on_store(default_model_path, tmp_path)
     try:
         assert again.state()["tier_restored_blocks"] == 0
     finally:
@@ -155,9 +162,9 @@ def test_flush_empties_the_store(default_model_path: str, tmp_path: Path) -> Non
 CRASHING_RUN = """
 import sys
 from runtime.support.default_model import ensure_default_model
-from tests.scheduler.harness import make
+from pathlib import Path
 from tests.scheduler import test_kv_tier as T
-sched, io = make(ensure_default_model(), max_total_tokens=T.SMALL_POOL, kv_store=sys.argv[1], kv_tier_gb=T.TIER_GB)
+sched, io = T.on_store(ensure_default_model(), Path(sys.argv[1]))
 T.run_sessions(sched, io, range(T.TURNS - 1), {})
 print("written", flush=True)
 histories = {}
@@ -181,12 +188,11 @@ def test_sigkill_while_writing_then_restart(default_model_path: str, reference: 
     steps = session_turns()
     histories = {s: SYSTEM + [t for turn in range(TURNS - 1) for t in steps[s][turn] + reference[(s, turn)]]
                  for s in range(SESSIONS)}
-    sched, io = make(default_model_path, max_total_tokens=SMALL_POOL, kv_store=str(tmp_path), kv_tier_gb=TIER_GB)
+    sched, io = on_store(default_model_path, tmp_path)
     try:
         sched.check_integrity()
         assert sched.state()["tier_restored_blocks"] > 0
-        assert run_sessions(sched, io, range(TURNS - 1, TURNS), histories) == {
-            k: v for k, v in reference.items() if k[1] == TURNS - 1}
+        assert run_sessions(sched, io, LAST, histories) == turns_of(reference, LAST)
         assert sched.state()["tier_loads"] > 0
         sched.check_idle_integrity()
     finally:
