@@ -46,7 +46,9 @@ SOURCES: dict[str, tuple[str, ...] | None] = {
     "quant_gemm_avx2.cpp": ("-march=x86-64-v3",),
     "quant_gemm_avx512.cpp": ("-march=x86-64-v4", "-mavx512vnni"),
 }
-HEADERS = ("kernels.h", "vec8.h", "quant_gemm_groups.h", "quant_gemm_variants.h")  # in the key
+HEADERS = (  # in the key
+    "kernels.h", "vec8.h", "quant_gemm_groups.h", "quant_gemm_kgroups.h", "quant_gemm_variants.h",
+)
 # -ffast-math: glibc declares its vector exp (libmvec) only under it; without it every score's
 # exp is a scalar call, which was most of the kernel's time. The kernel has no inf/nan inputs.
 CFLAGS = ("-O3", "-fopenmp", "-ffast-math", "-fPIC", "-std=c++20")

@@ -1,5 +1,8 @@
 """GGUF's block formats q8_0, q4_0 and q4_1 in plain torch: the reference our C++ kernels are
-held to, the quantizer `--quantization q8_0|q4_0|q4_1` uses, and the fallback product.
+held to, the quantizer `--quantization q8_0|q4_0|q4_1` uses, and the fallback product. The formats
+we only read from files (q5_0, q5_1, Q4_K, Q5_K, Q6_K: FILE_FORMATS) go through the same
+`dequantize`, `interleave_rows` and `deinterleave_rows`, in kernels/gguf_kquants.py and
+kernels/kquant_layout.py.
 
 A weight [out, in] is stored as `out` rows of `in / 32` blocks, each block as GGUF (and ggml)
 lays it out, little-endian:
@@ -25,6 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels import gguf_kquants, kquant_layout
+
 QK = 32  # values per block in every format here
 GROUP_ROWS = 8  # rows interleaved per group for the kernels (interleave_rows)
 
@@ -32,28 +37,39 @@ GROUP_ROWS = 8  # rows interleaved per group for the kernels (interleave_rows)
 @dataclass(frozen=True)
 class BlockFormat:
     name: str
-    code: int  # the kernel's format number
+    code: int  # the kernel's format number (kernels/csrc/quant_gemm_variants.h Format)
     block_bytes: int
-    header_bytes: int  # the fp16 scale (and minimum) before the values
+    header_bytes: int  # the fp16 scale (and minimum) before the values (q8_0, q4_x)
+    block_values: int = QK
 
 
+# The formats we quantize to (`--quantization`), in this module.
 FORMATS = {
     "q8_0": BlockFormat("q8_0", 0, 2 + QK, 2),
     "q4_0": BlockFormat("q4_0", 1, 2 + QK // 2, 2),
     "q4_1": BlockFormat("q4_1", 2, 4 + QK // 2, 4),
 }
+# The formats we only read from files, in kernels/gguf_kquants.py and kernels/kquant_layout.py.
+FILE_FORMATS = {
+    "q5_0": BlockFormat("q5_0", 3, 22, 6),
+    "q5_1": BlockFormat("q5_1", 4, 24, 8),
+    "q4_k": BlockFormat("q4_k", 5, 144, 16, 256),
+    "q5_k": BlockFormat("q5_k", 6, 176, 48, 256),
+    "q6_k": BlockFormat("q6_k", 7, 210, 0, 256),
+}
+KERNEL_FORMATS = {**FORMATS, **FILE_FORMATS}  # every format our kernel runs
 
 
 def block_format(name: str) -> BlockFormat:
-    if name not in FORMATS:
-        raise ValueError(f"unknown block format {name!r}; known: {', '.join(FORMATS)}")
-    return FORMATS[name]
+    if name not in KERNEL_FORMATS:
+        raise ValueError(f"unknown block format {name!r}; known: {', '.join(KERNEL_FORMATS)}")
+    return KERNEL_FORMATS[name]
 
 
 def row_bytes(fmt: BlockFormat, in_features: int) -> int:
-    if in_features % QK:
-        raise ValueError(f"{fmt.name} needs in_features divisible by {QK}, got {in_features}")
-    return in_features // QK * fmt.block_bytes
+    if in_features % fmt.block_values:
+        raise ValueError(f"{fmt.name} needs in_features divisible by {fmt.block_values}, got {in_features}")
+    return in_features // fmt.block_values * fmt.block_bytes
 
 
 def _halves(raw: torch.Tensor) -> torch.Tensor:
@@ -83,6 +99,8 @@ def split_blocks(blocks: torch.Tensor, fmt: BlockFormat) -> tuple[torch.Tensor, 
 
 def dequantize(blocks: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
     """The weight [out, in] in fp32."""
+    if fmt.name in FILE_FORMATS:
+        return gguf_kquants.decode(blocks, fmt.name).weight(fmt.name)
     values, d, m = split_blocks(blocks, fmt)
     offset = 8 if fmt.name == "q4_0" else 0
     w = (values.float() - offset) * d[..., None] + m[..., None]
@@ -145,6 +163,8 @@ def reference_linear(x: torch.Tensor, blocks: torch.Tensor, fmt: BlockFormat) ->
 
 def interleave_rows(blocks: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
     """Rows of blocks [out, bytes] -> groups of 8 rows [ceil(out / 8), 8 * bytes], the kernels' layout."""
+    if fmt.name in FILE_FORMATS:
+        return kquant_layout.repack(gguf_kquants.decode(blocks, fmt.name), fmt.name)
     pad = -blocks.shape[0] % GROUP_ROWS
     if pad:
         blocks = torch.cat([blocks, blocks.new_zeros(pad, blocks.shape[1])])
@@ -161,6 +181,8 @@ def interleave_rows(blocks: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
 
 def deinterleave_rows(grouped: torch.Tensor, fmt: BlockFormat, rows: int) -> torch.Tensor:
     """The inverse of `interleave_rows`: the first `rows` rows of blocks [rows, bytes]."""
+    if fmt.name in FILE_FORMATS:
+        return gguf_kquants.encode(kquant_layout.unpack(grouped, fmt.name, rows), fmt.name)
     groups = grouped.shape[0]
     g = grouped.view(groups, -1, GROUP_ROWS * fmt.block_bytes)  # [G, nb, group-block]
     nb = g.shape[1]

@@ -1,4 +1,5 @@
-// Linears on GGUF's block-quantized weights (q8_0, q4_0, q4_1), computed from the blocks as they
+// Linears on GGUF's block-quantized weights (q8_0, q4_0, q4_1; q5_0, q5_1 and the K-quants Q4_K, Q5_K,
+// Q6_K through quant_gemm_kgroups.h), computed from the blocks as they
 // are stored: y[M, N] = x[M, K] @ W[N, K]^T (+ bias), W held as N rows of K/32 blocks, the rows
 // interleaved by 8 at load (kernels/gguf_blocks.py interleave_rows: the same bytes, reordered so
 // that 8 rows' scales sit together and 8 rows' values share each vector; quant_gemm_groups.h).
@@ -40,14 +41,25 @@ namespace {
 
 using namespace radixserve::quant;
 
-int block_bytes(int fmt) {
+template <int F>
+int64_t group_bytes_of(int64_t k) { return k / super_values<F>() * super_bytes<F>(); }
+
+// The bytes of one group of 8 rows of k values (k a multiple of values_per_super(fmt)).
+int64_t group_bytes(int fmt, int64_t k) {
   switch (fmt) {
-    case Q8_0: return Layout<Q8_0>::block_bytes;
-    case Q4_0: return Layout<Q4_0>::block_bytes;
-    case Q4_1: return Layout<Q4_1>::block_bytes;
+    case Q8_0: return group_bytes_of<Q8_0>(k);
+    case Q4_0: return group_bytes_of<Q4_0>(k);
+    case Q4_1: return group_bytes_of<Q4_1>(k);
+    case Q5_0: return group_bytes_of<Q5_0>(k);
+    case Q5_1: return group_bytes_of<Q5_1>(k);
+    case Q4_K: return group_bytes_of<Q4_K>(k);
+    case Q5_K: return group_bytes_of<Q5_K>(k);
+    case Q6_K: return group_bytes_of<Q6_K>(k);
     default: TORCH_CHECK(false, "unknown block format ", fmt);
   }
 }
+
+int64_t values_per_super(int fmt) { return fmt == Q4_K || fmt == Q5_K || fmt == Q6_K ? QK_K : QK; }
 
 // One row of activations to 8-bit blocks: per block of 32, d = max|x| / 127, q =
 // round-half-even(x * (1 / d)), s = d * sum(q). Vectorized, and equal bit for bit to the torch
@@ -61,6 +73,13 @@ inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 load8(const c10::BFloat16* p) {
   const __m128i half = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
+}
+
+inline int32_t hsum(__m256i v) {
+  __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+  s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+  return _mm_cvtsi128_si32(s4);
 }
 
 template <typename T>
@@ -82,19 +101,16 @@ __attribute__((optimize("no-fast-math"))) inline void quantize_row(const T* x, i
     const float d = _mm_cvtss_f32(m4) / 127.0f;
     const __m256 id = _mm256_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
     __m256i q[4];
-    __m256i sum = _mm256_setzero_si256();
     for (int i = 0; i < 4; ++i) {
       const __m256 r = _mm256_round_ps(_mm256_mul_ps(v[i], id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
       q[i] = _mm256_cvtps_epi32(r);
-      sum = _mm256_add_epi32(sum, q[i]);
     }
     const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[b].q), _mm256_permutevar8x32_epi32(packed, order));
-    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
-    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
-    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+    out[b].half_sum[0] = hsum(_mm256_add_epi32(q[0], q[1]));  // values 0-15
+    out[b].half_sum[1] = hsum(_mm256_add_epi32(q[2], q[3]));  // values 16-31
     out[b].d = d;
-    out[b].s = d * static_cast<float>(_mm_cvtsi128_si32(s4));
+    out[b].s = d * static_cast<float>(out[b].half_sum[0] + out[b].half_sum[1]);
   }
 }
 
@@ -106,8 +122,7 @@ __attribute__((optimize("no-fast-math"))) inline void quantize_row(const T* x, i
 void gemm(const GemmCall& call, int isa) {
   const auto slice_fn = isa == AVX512 ? avx512::gemm_groups : avx2::gemm_groups;
   const int64_t groups = (call.n + GROUP_ROWS - 1) / GROUP_ROWS;
-  const int64_t group_bytes = call.nblocks * GROUP_ROWS * block_bytes(call.fmt);
-  const int64_t slice = std::clamp<int64_t>((12 << 10) / group_bytes, 2, 8);
+  const int64_t slice = std::clamp<int64_t>((12 << 10) / group_bytes(call.fmt, call.nblocks * QK), 2, 8);
   at::parallel_for(0, groups, slice, [&](int64_t begin, int64_t end) {
     for (int64_t gs = begin; gs < end; gs += slice) slice_fn(call, gs, std::min(end, gs + slice));
   });
@@ -135,14 +150,15 @@ std::vector<ActBlock> quantize_activations(const at::Tensor& x) {
 // Checks the grouped blocks of an [n, k] weight (kernels/gguf_blocks.py interleave_rows):
 // [ceil(n / 8), k / 32 * 8 * block bytes] uint8.
 void check_blocks(const at::Tensor& w, int64_t fmt, int64_t k, int64_t n) {
-  TORCH_CHECK(fmt >= Q8_0 && fmt <= Q4_1, "unknown block format ", fmt);
-  TORCH_CHECK(k > 0 && k % QK == 0, "in_features must be a positive multiple of ", QK, ", got ", k);
+  TORCH_CHECK(fmt >= 0 && fmt < FORMATS, "unknown block format ", fmt);
+  const int64_t per_super = values_per_super(static_cast<int>(fmt));
+  TORCH_CHECK(k > 0 && k % per_super == 0, "in_features must be a positive multiple of ", per_super, ", got ", k);
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous(),
               "blocks must be a contiguous uint8 [row groups, bytes per group] tensor");
-  const int64_t group_bytes = k / QK * GROUP_ROWS * block_bytes(static_cast<int>(fmt));
-  TORCH_CHECK(w.size(0) == (n + GROUP_ROWS - 1) / GROUP_ROWS && w.size(1) == group_bytes, "blocks are [", w.size(0),
+  const int64_t bytes = group_bytes(static_cast<int>(fmt), k);
+  TORCH_CHECK(w.size(0) == (n + GROUP_ROWS - 1) / GROUP_ROWS && w.size(1) == bytes, "blocks are [", w.size(0),
               ", ", w.size(1), "]; format ", fmt, " with ", n, " rows of ", k, " needs [",
-              (n + GROUP_ROWS - 1) / GROUP_ROWS, ", ", group_bytes, "] (rows grouped by 8)");
+              (n + GROUP_ROWS - 1) / GROUP_ROWS, ", ", bytes, "] (rows grouped by 8)");
 }
 
 }  // namespace

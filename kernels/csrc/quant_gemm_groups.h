@@ -41,13 +41,19 @@ inline void store_out(uint16_t* dst, float v) {
 // Integer partial sums of one group-block against one activation block, lane r for row r.
 // VNNI accumulates int32 directly. AVX2's maddubs gives int16 pair sums: q4 ones (at most
 // 2 * 15 * 127 = 3810 each) add eight deep in int16 without saturating (30480 < 2^15) before one
-// madd widens them; q8_0's (up to 2 * 128 * 127) must widen every time.
+// madd widens them, and q5 ones (2 * 31 * 127 = 7874) four deep (quant_gemm_kgroups.h keeps a
+// sub-block's halves apart); q8_0's (up to 2 * 128 * 127) and Q6_K's (2 * 63 * 127, two deep at
+// most) widen every time.
+template <int F>
+constexpr bool widens_each_dot() { return F == Q8_0 || F == Q6_K; }
+
 template <int F>
 inline __m256i dot_add(__m256i acc, __m256i u, __m256i s) {
 #if RS_VNNI
   return _mm256_dpbusd_epi32(acc, u, s);
 #else
-  if constexpr (F == Q8_0) return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+  if constexpr (widens_each_dot<F>())
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
   return _mm256_add_epi16(acc, _mm256_maddubs_epi16(u, s));
 #endif
 }
@@ -57,7 +63,7 @@ inline __m256i dot_finish(__m256i acc) {
 #if RS_VNNI
   return acc;
 #else
-  if constexpr (F == Q8_0) return acc;
+  if constexpr (widens_each_dot<F>()) return acc;
   return _mm256_madd_epi16(acc, _mm256_set1_epi16(1));
 #endif
 }
@@ -147,6 +153,8 @@ void group_rows(const uint8_t* g, int64_t nblocks, const ActBlock* a, float out[
   for (int m = 0; m < MR; ++m) _mm256_storeu_ps(out[m], acc[m]);
 }
 
+#include "quant_gemm_kgroups.h"  // kgroup_rows: q5_0, q5_1 and the K-quants
+
 #if RS_VNNI
 // Two groups at once in 512-bit vectors, lanes 0-7 the first group's rows and 8-15 the second's:
 // each broadcast activation chunk then feeds 16 rows, which halves the broadcasts, the scale
@@ -224,13 +232,13 @@ void group_pair_rows(const uint8_t* g0, const uint8_t* g1, int64_t nblocks, cons
 template <int F, int MR, typename T>
 void groups_into(const uint8_t* w, int64_t nblocks, const ActBlock* act, int64_t m0, int64_t g_begin, int64_t g_end,
                  int64_t n_total, const float* bias, T* y) {
-  constexpr int GB = GROUP_ROWS * Layout<F>::block_bytes;
+  const int64_t stride = nblocks * QK / super_values<F>() * super_bytes<F>();  // one group's bytes
   int64_t g = g_begin;
 #if RS_VNNI
-  if constexpr (MR == 4) {
+  if constexpr (MR == 4 && F <= Q4_1) {
     float pair[MR][2 * GROUP_ROWS];
     for (; g + 2 <= g_end; g += 2) {
-      group_pair_rows<F, MR>(w + g * nblocks * GB, w + (g + 1) * nblocks * GB, nblocks, act + m0 * nblocks, pair);
+      group_pair_rows<F, MR>(w + g * stride, w + (g + 1) * stride, nblocks, act + m0 * nblocks, pair);
       const int64_t n0 = g * GROUP_ROWS;
       const int rows = static_cast<int>(lesser(2 * GROUP_ROWS, n_total - n0));
       for (int m = 0; m < MR; ++m)
@@ -241,7 +249,11 @@ void groups_into(const uint8_t* w, int64_t nblocks, const ActBlock* act, int64_t
 #endif
   float out[MR][GROUP_ROWS];
   for (; g < g_end; ++g) {
-    group_rows<F, MR>(w + g * nblocks * GB, nblocks, act + m0 * nblocks, out);
+    if constexpr (F <= Q4_1) {
+      group_rows<F, MR>(w + g * stride, nblocks, act + m0 * nblocks, out);
+    } else {
+      kgroup_rows<F, MR>(w + g * stride, nblocks, act + m0 * nblocks, out);
+    }
     const int64_t n0 = g * GROUP_ROWS;
     const int rows = static_cast<int>(lesser(GROUP_ROWS, n_total - n0));
     for (int m = 0; m < MR; ++m)
@@ -280,6 +292,11 @@ void gemm_groups(const GemmCall& call, int64_t g_begin, int64_t g_end) {
     case Q8_0: slice_format<Q8_0>(call, g_begin, g_end); break;
     case Q4_0: slice_format<Q4_0>(call, g_begin, g_end); break;
     case Q4_1: slice_format<Q4_1>(call, g_begin, g_end); break;
+    case Q5_0: slice_format<Q5_0>(call, g_begin, g_end); break;
+    case Q5_1: slice_format<Q5_1>(call, g_begin, g_end); break;
+    case Q4_K: slice_format<Q4_K>(call, g_begin, g_end); break;
+    case Q5_K: slice_format<Q5_K>(call, g_begin, g_end); break;
+    case Q6_K: slice_format<Q6_K>(call, g_begin, g_end); break;
     default: break;  // quant_gemm.cpp checked the format
   }
 }

@@ -158,7 +158,7 @@ def test_malformed_blocks_are_refused(kernels: ModuleType) -> None:
     with pytest.raises(RuntimeError, match="multiple of 32"):
         kernels.quant_linear(torch.randn(1, 40), torch.zeros(1, 272, dtype=torch.uint8), fmt.code, 0, 3)
     with pytest.raises(RuntimeError, match="unknown block format"):
-        kernels.quant_linear(torch.randn(1, 32), torch.zeros(1, 272, dtype=torch.uint8), 3, 0, 3)
+        kernels.quant_linear(torch.randn(1, 32), torch.zeros(1, 272, dtype=torch.uint8), 9, 0, 3)
 
 
 @pytest.mark.parametrize("isa", ISAS)
