@@ -1,4 +1,5 @@
-"""A linear whose weight lives only as GGUF blocks (q8_0, q4_0, q4_1): `BlockQuantLinearMethod`.
+"""A linear whose weight lives only as GGUF blocks (kernels/gguf_blocks.py KERNEL_FORMATS):
+`BlockQuantLinearMethod`, and `BlockPartsLinearMethod` for a fused one whose parts differ in format.
 
 The layer keeps no full-precision copy: `install` drops its weight. Every call, decode row or
 prefill chunk, goes through our C++ kernel (kernels/csrc/quant_gemm.cpp), which quantizes each
@@ -73,15 +74,47 @@ class BlockQuantLinearMethod(LinearMethod):
         return deinterleave_rows(self.grouped, self.fmt, self.out_features)
 
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features).contiguous()
+        y = self.product(x.reshape(-1, self.in_features).contiguous(), layer.bias)
+        return y.reshape(*x.shape[:-1], y.shape[-1])
+
+    def product(self, rows: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """rows [M, in] @ W^T (+ bias)."""
         y: torch.Tensor
         if self.dense is not None and rows.shape[0] >= self.dense_from_rows and rows.dtype == self.dense.dtype:
-            y = self.dense.run(rows, layer.bias)
+            y = self.dense.run(rows, bias)
         elif self.kernels is None:
-            y = F.linear(rows, dequantize(self.row_blocks(), self.fmt).to(x.dtype), layer.bias)
+            y = F.linear(rows, dequantize(self.row_blocks(), self.fmt).to(rows.dtype), bias)
         else:
-            y = self.kernels.quant_linear(rows, self.grouped, self.fmt.code, self.isa_code, self.out_features,
-                                          layer.bias)
+            y = self.kernels.quant_linear(rows, self.grouped, self.fmt.code, self.isa_code, self.out_features, bias)
+        return y
+
+
+class BlockPartsLinearMethod(LinearMethod):
+    """A fused linear (q/k/v, gate/up) whose parts the file stores in different block formats, as
+    llama-quantize's mixes do (a Q4_K_M file's attn_v in q8_0 beside q5_0 q and k): each part runs
+    its own block kernel and the outputs are concatenated, so no part is requantized."""
+
+    full_precision = False
+
+    def __init__(self, parts: list[BlockQuantLinearMethod]) -> None:
+        self.parts = parts
+        self.out_features = sum(part.out_features for part in parts)
+        self.in_features = parts[0].in_features
+
+    @property
+    def nbytes(self) -> int:
+        return sum(part.nbytes for part in self.parts)
+
+    def part_biases(self, bias: torch.Tensor | None) -> list[torch.Tensor | None]:
+        """`bias` cut into the parts' slices (None for each without one)."""
+        if bias is None:
+            return [None] * len(self.parts)
+        return list(bias.split([part.out_features for part in self.parts]))
+
+    def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features).contiguous()
+        ys = [part.product(rows, bias) for part, bias in zip(self.parts, self.part_biases(layer.bias), strict=True)]
+        y = torch.cat(ys, dim=-1)
         return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
@@ -91,5 +124,17 @@ def install(layer: Linear, blocks: torch.Tensor, fmt: BlockFormat, kernels: Modu
     if blocks.shape[0] != layer.out_features:
         raise ValueError(f"{fmt.name} blocks have {blocks.shape[0]} rows for a layer of {layer.out_features} outputs")
     layer.method = BlockQuantLinearMethod(blocks, fmt, layer.in_features, kernels, isa)
+    layer.weight = None
+    layer.packed = None
+
+
+def install_parts(layer: Linear, parts: list[tuple[torch.Tensor, BlockFormat]], kernels: ModuleType | None,
+                  isa: str) -> None:
+    """Make fused `layer` compute each part (rows, format), in order, from its own blocks."""
+    methods = [BlockQuantLinearMethod(rows, fmt, layer.in_features, kernels, isa) for rows, fmt in parts]
+    if sum(m.out_features for m in methods) != layer.out_features:
+        raise ValueError(f"block parts have {sum(m.out_features for m in methods)} rows for a layer of "
+                         f"{layer.out_features} outputs")
+    layer.method = BlockPartsLinearMethod(methods)
     layer.weight = None
     layer.packed = None

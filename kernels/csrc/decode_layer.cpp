@@ -9,22 +9,52 @@
 
 #include "kernels.h"
 
+#include <ATen/ops/cat.h>
 #include <ATen/ops/index_copy.h>
 
 namespace {
 
-// One of the layer's linears: x [B, K] -> [B, out], through the block kernel.
+// One of the layer's linears: x [B, K] -> [B, out], through the block kernel, part by part for a
+// fused linear whose parts are stored in different formats (their outputs side by side).
 struct BlockLinear {
-  const at::Tensor& blocks;
-  int64_t fmt;
-  int64_t out_features;
-  const at::Tensor& bias;  // empty: none
+  std::vector<at::Tensor> blocks;
+  std::vector<int64_t> formats;
+  std::vector<int64_t> out_features;
+  std::vector<at::Tensor> biases;  // empty tensor: none
 
   at::Tensor operator()(const at::Tensor& x, int64_t isa) const {
-    const c10::optional<at::Tensor> b = bias.defined() && bias.numel() > 0 ? c10::optional<at::Tensor>(bias) : c10::nullopt;
-    return radixserve::quant_linear(x, blocks, fmt, isa, out_features, b);
+    std::vector<at::Tensor> outs;
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      const at::Tensor& b = biases[i];
+      const c10::optional<at::Tensor> bias = b.defined() && b.numel() > 0 ? c10::optional<at::Tensor>(b) : c10::nullopt;
+      outs.push_back(radixserve::quant_linear(x, blocks[i], formats[i], isa, out_features[i], bias));
+    }
+    return outs.size() == 1 ? outs[0] : at::cat(outs, 1);
   }
 };
+
+// The 4 linears from the flat per-part lists; parts[i] is linear i's count (empty: one each).
+std::vector<BlockLinear> linears_of(const std::vector<at::Tensor>& blocks, const std::vector<int64_t>& formats,
+                                    const std::vector<int64_t>& out_features, const std::vector<at::Tensor>& biases,
+                                    std::vector<int64_t> parts) {
+  if (parts.empty()) parts.assign(4, 1);
+  int64_t total = 0;
+  for (const int64_t n : parts) total += n;
+  TORCH_CHECK(parts.size() == 4 && blocks.size() == static_cast<size_t>(total) && formats.size() == blocks.size() &&
+              out_features.size() == blocks.size() && biases.size() == blocks.size(),
+              "decode_layer: 4 linears (qkv, o, gate_up, down), each given as `parts` block tensors");
+  std::vector<BlockLinear> linears;
+  size_t at = 0;
+  for (const int64_t n : parts) {
+    TORCH_CHECK(n >= 1, "decode_layer: every linear has at least one part");
+    const auto first = static_cast<std::ptrdiff_t>(at), last = static_cast<std::ptrdiff_t>(at + n);
+    linears.push_back({{blocks.begin() + first, blocks.begin() + last}, {formats.begin() + first, formats.begin() + last},
+                       {out_features.begin() + first, out_features.begin() + last},
+                       {biases.begin() + first, biases.begin() + last}});
+    at += static_cast<size_t>(n);
+  }
+  return linears;
+}
 
 }  // namespace
 
@@ -32,7 +62,7 @@ namespace radixserve {
 
 // h [B, hidden] and the residual stream (None before the first layer: h is the residual); norms
 // [in, post]; blocks, formats, out_features and biases (empty tensor: none) of [qkv, o, gate_up,
-// down]; table [B, 2 * head_dim] (rotary.cpp's); the layer's pools [S, kv_heads, head_dim], each
+// down], part by part where `parts` gives a linear several (empty: one each); table [B, 2 * head_dim] (rotary.cpp's); the layer's pools [S, kv_heads, head_dim], each
 // row's new slot out_loc [B] and its KV slots slots/indptr (decode_attention.cpp's; with
 // shared_slots, the slots every row has before its own: cascade_attention.cpp's). Returns the
 // layer's output and the residual stream, as DecoderLayer.forward does.
@@ -41,14 +71,14 @@ std::vector<at::Tensor> decode_layer(at::Tensor h, c10::optional<at::Tensor> res
                                      std::vector<int64_t> out_features, std::vector<at::Tensor> biases, int64_t isa,
                                      at::Tensor table, int64_t num_heads, at::Tensor k_pool, at::Tensor v_pool,
                                      at::Tensor out_loc, at::Tensor slots, at::Tensor indptr, double scale,
-                                     c10::optional<at::Tensor> shared_slots) {
-  TORCH_CHECK(norms.size() == 2 && blocks.size() == 4 && formats.size() == 4 && out_features.size() == 4 &&
-              biases.size() == 4, "decode_layer: 2 norms and 4 linears (qkv, o, gate_up, down)");
+                                     c10::optional<at::Tensor> shared_slots, std::vector<int64_t> parts) {
+  TORCH_CHECK(norms.size() == 2, "decode_layer: 2 norms (input, post-attention)");
   TORCH_CHECK(h.dim() == 2 && k_pool.dim() == 3, "decode_layer: h [B, hidden], pools [S, kv_heads, head_dim]");
-  const BlockLinear qkv_proj{blocks[0], formats[0], out_features[0], biases[0]};
-  const BlockLinear o_proj{blocks[1], formats[1], out_features[1], biases[1]};
-  const BlockLinear gate_up_proj{blocks[2], formats[2], out_features[2], biases[2]};
-  const BlockLinear down_proj{blocks[3], formats[3], out_features[3], biases[3]};
+  const std::vector<BlockLinear> linears = linears_of(blocks, formats, out_features, biases, std::move(parts));
+  const BlockLinear& qkv_proj = linears[0];
+  const BlockLinear& o_proj = linears[1];
+  const BlockLinear& gate_up_proj = linears[2];
+  const BlockLinear& down_proj = linears[3];
   const int64_t rows = h.size(0), kv_heads = k_pool.size(1), head_dim = k_pool.size(2);
 
   std::vector<at::Tensor> normed = rms_norm(h, residual, norms[0], eps);

@@ -28,7 +28,7 @@ std::vector<at::Tensor> decode_layer(at::Tensor h, c10::optional<at::Tensor> res
                                      std::vector<int64_t> out_features, std::vector<at::Tensor> biases, int64_t isa,
                                      at::Tensor table, int64_t num_heads, at::Tensor k_pool, at::Tensor v_pool,
                                      at::Tensor out_loc, at::Tensor slots, at::Tensor indptr, double scale,
-                                     c10::optional<at::Tensor> shared_slots);
+                                     c10::optional<at::Tensor> shared_slots, std::vector<int64_t> parts);
 
 // dense_gemv.cpp
 at::Tensor dense_gemv(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias);

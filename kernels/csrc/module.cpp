@@ -17,7 +17,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "one decoder layer of a decode step on GGUF-block linears: (h, residual)", arg("h"), arg("residual"),
         arg("norms"), arg("eps"), arg("blocks"), arg("formats"), arg("out_features"), arg("biases"), arg("isa"),
         arg("table"), arg("num_heads"), arg("k_pool"), arg("v_pool"), arg("out_loc"), arg("slots"), arg("indptr"),
-        arg("scale"), arg("shared_slots") = pybind11::none());
+        arg("scale"), arg("shared_slots") = pybind11::none(), arg("parts") = std::vector<int64_t>());
   m.def("dense_gemv", &radixserve::dense_gemv, "x [M <= 16, K] @ W^T (+ bias) on a plain row-major fp32 or bf16 weight",
         arg("x"), arg("w"), arg("bias") = pybind11::none());
   m.def("prefill_attention", &radixserve::prefill_attention,
@@ -28,7 +28,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         arg("residual"), arg("weight"), arg("eps"));
   m.def("silu_mul", &radixserve::silu_mul, "SiLU(gate) * up of a fused gate_up row block");
   m.def("quant_linear", &radixserve::quant_linear,
-        "x [M, K] @ W^T (+ bias) with W as rows of GGUF blocks (fmt 0 q8_0, 1 q4_0, 2 q4_1; isa 0 avx2, 1 avx512)",
+        "x [M, K] @ W^T (+ bias) with W as GGUF blocks grouped by 8 rows (fmt: kernels/gguf_blocks.py; isa 0 avx2, 1 avx512)",
         arg("x"), arg("blocks"), arg("fmt"), arg("isa"), arg("out_features"), arg("bias") = pybind11::none());
   m.def("quantize_q8_rows", &radixserve::quantize_q8_rows, "the activation blocks quant_linear uses: (q, d, s)");
 }

@@ -1,12 +1,14 @@
 """Load a .gguf file's weights keeping its quantized blocks (`--load-format gguf`, CPU).
 
-Every linear stored in a block format our kernels run (q8_0, q4_0, q4_1) keeps its bytes as they
-are in the file, in a `BlockQuantLinearMethod`: no full-precision copy. The fused projections
-(q/k/v, gate/up) concatenate their parts' rows, which is exact since blocks never cross rows.
-Tensors in other formats (F32 norms, F16/BF16, K-quants) are dequantized once at load, and one
-log line names the quantized ones among them. The output head is the file's `output.weight`, or
-`token_embd.weight` when the model ties them, as llama.cpp does; the embedding lookup itself
-uses a dequantized table.
+Every linear stored in a block format our kernels run (q8_0, q4_0, q4_1, q5_0, q5_1, Q4_K, Q5_K,
+Q6_K) keeps its blocks, in a `BlockQuantLinearMethod`: no full-precision copy. The fused
+projections (q/k/v, gate/up) concatenate their parts' rows, which is exact since blocks never
+cross rows; parts in different formats (llama-quantize's _M mixes) each keep their own
+(`BlockPartsLinearMethod`). Tensors in other formats (F32 norms, F16/BF16, other quants) are
+dequantized once at load, and one log line names the quantized ones among them. The output head
+is the file's `output.weight`, or `token_embd.weight` when the model ties them, as llama.cpp
+does; the embedding lookup decodes the rows it looks up from the file's blocks when their format
+is one of ours (else it keeps a dequantized table).
 
 llama.cpp's converter permutes the rows of a llama model's q and k projections (its rotary
 pairs neighbouring dimensions, Hugging Face's the two halves); `_unpermute_rows` undoes it.
@@ -23,15 +25,17 @@ import numpy as np
 import torch
 
 from kernels import quant_linear
-from kernels.gguf_blocks import FORMATS, BlockFormat
+from kernels.gguf_blocks import KERNEL_FORMATS, BlockFormat
 from kernels.linear import Linear
-from kernels.quant_linear import BlockQuantLinearMethod
+from kernels.quant_linear import BlockPartsLinearMethod, BlockQuantLinearMethod
 from runtime.models import CausalLM
 from runtime.models.base import FUSED_SHARDS  # the fused layers and the order of their parts' rows
 
 logger = logging.getLogger("radixserve.setup")
 
-KEPT_TYPES = {"Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1"}  # GGML type name -> our block format
+# GGML type name -> our block format (kernels/gguf_blocks.py KERNEL_FORMATS)
+KEPT_TYPES = {"Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1", "Q5_0": "q5_0", "Q5_1": "q5_1", "Q4_K": "q4_k",
+              "Q5_K": "q5_k", "Q6_K": "q6_k"}
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
@@ -108,13 +112,24 @@ def load_gguf(model: CausalLM, gguf_file: str, kernels: ModuleType | None, isa: 
         logger.info("GGUF tensors in formats our kernels lack, dequantized once: %s", ", ".join(dequantized))
     if model.config.tie_word_embeddings and "lm_head" not in blocks and embedding_blocks is not None:
         blocks["lm_head"] = [embedding_blocks]  # computes from the token embedding's blocks, as llama.cpp
-    _install_blocks(model, blocks, dense, kernels, isa)
+    _install_blocks(model, blocks, kernels, isa)
     model.load_weights(dense.items())  # a tied head's lm_head.weight, if any, is skipped there
-    kept = [m.method for m in model.modules() if isinstance(m, Linear) and isinstance(m.method, BlockQuantLinearMethod)]
+    head_shares_table = model.config.tie_word_embeddings and model.lm_head.weight is not None
+    if embedding_blocks is not None and not head_shares_table:  # the lookup decodes its rows from the blocks
+        model.model.embed_tokens.use_blocks(embedding_blocks[2], KERNEL_FORMATS[embedding_blocks[1]])
+    kept = [part for m in model.modules() if isinstance(m, Linear) for part in _block_methods(m)]
     counts = Counter(method.fmt.name for method in kept)
     logger.info("%s: %d linears run from their blocks (%s; %.0f MB), the %s kernel variant", gguf_file, len(kept),
                 ", ".join(f"{n} {name}" for name, n in sorted(counts.items())),
                 sum(method.nbytes for method in kept) / 1e6, isa)
+
+
+def _block_methods(layer: Linear) -> list[BlockQuantLinearMethod]:
+    """The block kernels `layer` computes with (its parts', for a mixed fused layer)."""
+    method = layer.method
+    if isinstance(method, BlockPartsLinearMethod):
+        return method.parts
+    return [method] if isinstance(method, BlockQuantLinearMethod) else []
 
 
 def _layer_part(name: str) -> tuple[str, int]:
@@ -128,27 +143,14 @@ def _layer_part(name: str) -> tuple[str, int]:
 
 
 def _install_blocks(model: CausalLM, blocks: dict[str, list[tuple[int, str, torch.Tensor]]],
-                    dense: dict[str, torch.Tensor], kernels: ModuleType | None, isa: str) -> None:
-    from kernels.gguf_blocks import dequantize
-
+                    kernels: ModuleType | None, isa: str) -> None:
     for layer_name, parts in blocks.items():
         layer = model.get_submodule(layer_name)
         assert isinstance(layer, Linear), layer_name
         parts.sort(key=lambda p: p[0])
         formats = {fmt for _, fmt, _ in parts}
         if len(formats) == 1:
-            fmt: BlockFormat = FORMATS[formats.pop()]
+            fmt: BlockFormat = KERNEL_FORMATS[formats.pop()]
             quant_linear.install(layer, torch.cat([rows for _, _, rows in parts]), fmt, kernels, isa)
-            continue
-        # Parts of one fused layer in different formats: that layer runs in full precision.
-        for part, fmt_name, rows in parts:
-            name = _part_name(layer_name, part)
-            dense[name] = dequantize(rows, FORMATS[fmt_name])
-
-
-def _part_name(layer: str, part: int) -> str:
-    prefix, _, fused = layer.rpartition(".")
-    for leaf, (name, index) in FUSED_SHARDS.items():
-        if name == fused and index == part:
-            return f"{prefix}.{leaf}.weight"
-    return f"{layer}.weight"
+        else:  # a fused layer's parts in different formats: each runs from its own blocks
+            quant_linear.install_parts(layer, [(rows, KERNEL_FORMATS[name]) for _, name, rows in parts], kernels, isa)

@@ -5,7 +5,8 @@ about as much as the kernels themselves on the Q4_1 default model; `decode_layer
 kernels in the same order from C++, so the hidden states are the Python path's bit for bit.
 
 It applies when every linear of every layer runs on GGUF blocks through our kernel (the default
-CPU model, `--load-format gguf`, `--quantization q8_0|q4_0|q4_1`), on one rank, without Qwen3's
+CPU model, `--load-format gguf`, `--quantization q8_0|q4_0|q4_1`), a fused one part by part where
+its parts differ in format, on one rank, without Qwen3's
 q/k norms; and per step when the backend says the batch is a decode batch that its C++ decode
 kernels attend (`AttentionBackend.decode_kernel_inputs`; a prefix every row shares is attended
 once, cascade_attention.cpp) and the KV pool holds the activations' dtype. Anything else runs the layers in Python.
@@ -21,7 +22,7 @@ import torch
 
 from kernels.base import DecodeKernelInputs
 from kernels.linear import Linear
-from kernels.quant_linear import BlockQuantLinearMethod
+from kernels.quant_linear import BlockPartsLinearMethod, BlockQuantLinearMethod
 
 NO_BIAS = torch.empty(0)
 
@@ -32,24 +33,39 @@ class BlockLayer:
 
     norms: list[torch.Tensor]  # the input and post-attention RMSNorm weights
     eps: float
-    # Of qkv, o, gate_up and down, in that order (biases: NO_BIAS for none).
+    # Of qkv, o, gate_up and down, in that order, part by part (biases: NO_BIAS for none).
     blocks: list[torch.Tensor]
     formats: list[int]
     out_features: list[int]
     biases: list[torch.Tensor]
+    parts: list[int]  # each linear's count of parts (BlockPartsLinearMethod: several)
     isa: int
 
     @classmethod
     def of(cls, norms: list[torch.Tensor], eps: float, linears: list[Linear]) -> BlockLayer | None:
         """None unless every linear runs on GGUF blocks through our kernel, in one ISA variant."""
-        methods = [linear.method for linear in linears]
-        blocked = [m for m in methods if isinstance(m, BlockQuantLinearMethod) and m.kernels is not None]
-        if len(blocked) != len(methods) or len({m.isa_code for m in blocked}) != 1:
+        per_linear = [_block_parts(linear) for linear in linears]
+        flat = [part for parts in per_linear if parts is not None for part in parts]
+        if any(parts is None for parts in per_linear) or len({m.isa_code for m, _ in flat}) != 1:
             return None
-        return cls([w.detach() for w in norms], eps, [m.grouped for m in blocked], [m.fmt.code for m in blocked],
-                   [m.out_features for m in blocked],
-                   [NO_BIAS if linear.bias is None else linear.bias.detach() for linear in linears],
-                   blocked[0].isa_code)
+        return cls([w.detach() for w in norms], eps, [m.grouped for m, _ in flat], [m.fmt.code for m, _ in flat],
+                   [m.out_features for m, _ in flat], [bias for _, bias in flat],
+                   [len(parts) for parts in per_linear if parts is not None], flat[0][0].isa_code)
+
+
+def _block_parts(linear: Linear) -> list[tuple[BlockQuantLinearMethod, torch.Tensor]] | None:
+    """The (block method, bias) parts `linear` computes with, or None if one is not our kernel's."""
+    method = linear.method
+    bias = None if linear.bias is None else linear.bias.detach()
+    if isinstance(method, BlockPartsLinearMethod):
+        parts = list(zip(method.parts, method.part_biases(bias), strict=True))
+    elif isinstance(method, BlockQuantLinearMethod):
+        parts = [(method, bias)]
+    else:
+        return None
+    if any(m.kernels is None for m, _ in parts):
+        return None
+    return [(m, NO_BIAS if b is None else b) for m, b in parts]
 
 
 class DecodeStack:
@@ -82,5 +98,5 @@ class DecodeStack:
             h, residual = self.ext.decode_layer(
                 h, residual, layer.norms, layer.eps, layer.blocks, layer.formats, layer.out_features, layer.biases,
                 layer.isa, table, self.num_heads, inputs.k_pools[i], inputs.v_pools[i], inputs.out_loc,
-                inputs.slots, inputs.indptr, self.scale, inputs.shared_slots)
+                inputs.slots, inputs.indptr, self.scale, inputs.shared_slots, layer.parts)
         return h, residual

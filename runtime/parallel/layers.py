@@ -24,6 +24,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from kernels.gguf_blocks import BlockFormat, dequantize
 from kernels.linear import Linear
 from runtime.parallel.context import Collectives, ParallelContext
 from runtime.parallel.sharding import even_split
@@ -147,12 +148,23 @@ class VocabParallelEmbedding(nn.Module, ShardedWeights):
         self.group: Collectives = tp.group
         weight = torch.empty((len(self.part), hidden_size), dtype=dtype, device=device)
         self.weight = nn.Parameter(weight, requires_grad=False)
+        self.blocks: torch.Tensor | None = None  # use_blocks: the table as GGUF block rows
+        self.block_format: BlockFormat | None = None
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard: int = 0) -> None:
         check_shape(loaded, (self.vocab_size, param.shape[1]))
         param.data.copy_(loaded.narrow(0, self.part.start, len(self.part)))
 
+    def use_blocks(self, rows: torch.Tensor, fmt: BlockFormat) -> None:
+        """Look ids up in GGUF block rows [vocab, bytes] (one rank), decoding only the rows looked
+        up, to the values a dequantized table holds; the table itself is dropped."""
+        assert self.size == 1 and rows.shape[0] == self.vocab_size, "block lookups run on one rank"
+        self.blocks, self.block_format = rows, fmt
+        self.weight = nn.Parameter(self.weight.new_empty((0, self.weight.shape[1])), requires_grad=False)
+
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.blocks is not None and self.block_format is not None:
+            return dequantize(self.blocks[input_ids], self.block_format).to(self.weight.dtype)
         if self.size == 1:
             return nn.functional.embedding(input_ids, self.weight)
         local = input_ids - self.part.start
