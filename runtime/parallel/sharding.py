@@ -91,6 +91,11 @@ def check_shardable(cfg: ModelConfig, size: int) -> None:
     """Refuse, naming tp_size, a split that leaves a rank without heads or a KV head unplaceable."""
     if size < 1:
         raise InvalidRequest("tp_size must be >= 1", param="tp_size")
+    if size > 1 and cfg.moe is not None:
+        raise InvalidRequest(
+            f"tp_size {size} is not supported for {cfg.architecture}: mixture-of-experts models run on one rank",
+            param="tp_size",
+        )
     if size > cfg.num_heads:
         raise InvalidRequest(f"tp_size {size} exceeds the model's {cfg.num_heads} attention heads", param="tp_size")
     if cfg.num_kv_heads < size:
