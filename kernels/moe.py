@@ -16,6 +16,9 @@ rows on gives each row the same bits whatever the group's size and the row's pla
 here for fp32 and bf16 at the shapes of real MoE models, and by tests/kernels/test_moe.py): so
 every group is padded with zero rows to a multiple of ROW_TILE. The per-token sum then runs in a
 fixed order (ascending expert id, HF's order), never over a reduction whose order could vary.
+The padding costs decode steps in fp32, where most groups hold one row and its GEMV path is the
+faster one; with --enable-batch-variance the engines choice (runtime/execution/engines.py) passes
+`row_tile=1`, unpadded.
 """
 
 from __future__ import annotations
@@ -58,14 +61,14 @@ class Groups(NamedTuple):
     rows: int  # total padded rows
 
 
-def group_pairs(experts: torch.Tensor, num_experts: int) -> Groups:
-    """Sort the pairs of `experts` [T, k] by expert and place them in groups padded to ROW_TILE."""
+def group_pairs(experts: torch.Tensor, num_experts: int, row_tile: int = ROW_TILE) -> Groups:
+    """Sort the pairs of `experts` [T, k] by expert and place them in groups padded to `row_tile`."""
     k = experts.shape[1]
     flat = experts.reshape(-1)
     order = torch.argsort(flat, stable=True)
     by_expert = flat[order]
     counts = torch.bincount(flat, minlength=num_experts)
-    padded = (counts + ROW_TILE - 1) // ROW_TILE * ROW_TILE
+    padded = (counts + row_tile - 1) // row_tile * row_tile
     ends = padded.cumsum(0)
     first_pair = counts.cumsum(0) - counts  # index in `order` of each expert's first pair
     rank = torch.arange(flat.numel(), device=flat.device) - first_pair[by_expert]
@@ -100,13 +103,15 @@ def _grouped_mm_loop(x: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor) 
     return out
 
 
-def expert_mlp(x: torch.Tensor, routing: Routing, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+def expert_mlp(x: torch.Tensor, routing: Routing, gate_up: torch.Tensor, down: torch.Tensor,
+               row_tile: int = ROW_TILE) -> torch.Tensor:
     """sum_j weight[t, j] * down[e_j] @ (SiLU(gate[e_j] @ x_t) * up[e_j] @ x_t) for each token t.
 
     x [T, H]; gate_up [E, 2I, H] (gate rows, then up rows); down [E, H, I] -> [T, H] in x's dtype.
+    `row_tile`: groups padded to a multiple of it (ROW_TILE: a token's result is its own).
     """
     T, k = routing.experts.shape
-    groups = group_pairs(routing.experts, gate_up.shape[0])
+    groups = group_pairs(routing.experts, gate_up.shape[0], row_tile)
     rows = x.new_zeros(groups.rows, x.shape[1])
     rows[groups.dest] = x[groups.source]
     gate, up = grouped_mm(rows, gate_up, groups.ends).chunk(2, dim=-1)

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch import nn
 
-from kernels.moe import expert_mlp, route
+from kernels.moe import ROW_TILE, expert_mlp, route
 from runtime.contracts.errors import UnsupportedModel
 from runtime.contracts.model_config import ModelConfig, MoeConfig
 from runtime.models.base import CausalLM, DecoderLayer
@@ -89,12 +89,13 @@ class SparseMoeBlock(nn.Module):
     def __init__(self, cfg: ModelConfig, moe: MoeConfig, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
         self.moe = moe
+        self.row_tile = ROW_TILE  # expert groups' padding (kernels/moe.py); set by the engines choice
         self.gate = Router(moe.num_experts, cfg.hidden_size, dtype, device)
         self.experts = Experts(moe, cfg.hidden_size, dtype, device)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         routing = route(self.gate(h), self.moe.top_k, self.moe.norm_topk_prob)
-        return expert_mlp(h, routing, self.experts.gate_up.weight, self.experts.down.weight)
+        return expert_mlp(h, routing, self.experts.gate_up.weight, self.experts.down.weight, self.row_tile)
 
 
 class Qwen3MoeForCausalLM(CausalLM):

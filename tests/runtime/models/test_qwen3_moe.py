@@ -9,8 +9,11 @@ import pytest
 import torch
 import transformers
 
+from kernels.moe import ROW_TILE
+from runtime.contracts.config import ServerConfig
 from runtime.contracts.errors import InvalidRequest, UnsupportedModel
 from runtime.contracts.model_config import ModelConfig
+from runtime.execution.engines import choose_engines
 from runtime.execution.static_batch import StaticBatch
 from runtime.execution.weights import iter_safetensors, load_model
 from runtime.models import build_model
@@ -121,3 +124,14 @@ def test_paged_runner_greedy_matches_hf(checkpoint):
             for _ in range(6):
                 tokens.append(int(hf(torch.tensor([tokens])).logits[0, -1].argmax()))
         assert got == tokens[len(p):]
+
+
+@pytest.mark.parametrize("variance,tile", [(False, ROW_TILE), (True, 1)])
+def test_engines_pad_expert_groups_unless_batch_variance(checkpoint, variance, tile):
+    path, _ = checkpoint
+    model = build_model(model_config(path), torch.float32, CPU)
+    config = ServerConfig(model_path=str(path), enable_batch_variance=variance)
+    choices = choose_engines(model, None, config)
+    blocks = [m for m in model.modules() if isinstance(m, SparseMoeBlock)]
+    assert len(blocks) == 2 and all(block.row_tile == tile for block in blocks)
+    assert [c.op for c in choices] == ["expert GEMM"] and f"padded to {tile} rows" in choices[0].engine
