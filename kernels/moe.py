@@ -119,7 +119,7 @@ def expert_mlp(x: torch.Tensor, routing: Routing, gate_up: torch.Tensor, down: t
     pairs = x.new_empty(T * k, x.shape[1])
     pairs[groups.order] = out_rows[groups.dest]
     weighted = pairs.view(T, k, -1) * routing.weights.unsqueeze(-1)
-    out = weighted[:, 0]
+    out = weighted[:, 0].contiguous()  # a copy only when k == 1 (the loop below makes new tensors)
     for j in range(1, k):  # a fixed order per token: ascending expert id, as HF adds them
         out = out + weighted[:, j]
     return out

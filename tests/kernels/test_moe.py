@@ -39,15 +39,15 @@ def random_routing(tokens: int, num_experts: int, k: int, dtype: torch.dtype, se
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-@pytest.mark.parametrize("tokens", [1, 3, 37])
-def test_expert_mlp_matches_per_expert_loop(dtype: torch.dtype, tol: float, tokens: int) -> None:
-    E, inter, hidden, k = 8, 48, 64, 2
+@pytest.mark.parametrize("tokens,k", [(1, 2), (3, 2), (37, 2), (37, 1), (37, 8)])
+def test_expert_mlp_matches_per_expert_loop(dtype: torch.dtype, tol: float, tokens: int, k: int) -> None:
+    E, inter, hidden = 8, 48, 64
     gate_up, down = weights_for(E, inter, hidden, dtype)
     x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(2)).to(dtype)
     routing = random_routing(tokens, E, k, dtype)
     got = expert_mlp(x, routing, gate_up, down)
     want = reference(x, routing.experts, routing.weights, gate_up, down)
-    assert got.dtype == dtype and got.shape == x.shape
+    assert got.dtype == dtype and got.shape == x.shape and got.is_contiguous()
     assert ((got.float() - want).norm() / want.norm()).item() <= tol
 
 
