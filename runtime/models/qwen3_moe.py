@@ -10,8 +10,11 @@ Checkpoints: `save_pretrained` writes one tensor per expert and projection
 parameters; transformers' in-memory layout (`mlp.experts.gate_up_proj` [E, 2I, H],
 `mlp.experts.down_proj` [E, H, I]) is accepted too, split into those per-expert pieces.
 
-Tensor parallelism is refused for these models (`runtime/parallel/sharding.py check_shardable`);
-the router and experts are not `Linear`s, so weight quantization leaves them in full precision.
+Tensor parallelism splits each expert's intermediate size as the dense MLP's (Megatron's
+pairing): a rank holds its slice of every expert's gate and up rows and the matching input
+columns of down, and the block's output is summed by one all-reduce; the router is replicated, so
+every rank routes alike. The router and experts are not `Linear`s, so weight quantization leaves
+them in full precision.
 """
 
 from __future__ import annotations
@@ -26,8 +29,9 @@ from kernels.moe import ROW_TILE, expert_mlp, route
 from runtime.contracts.errors import UnsupportedModel
 from runtime.contracts.model_config import ModelConfig, MoeConfig
 from runtime.models.base import CausalLM, DecoderLayer
-from runtime.parallel.context import ParallelContext
+from runtime.parallel.context import Collectives, ParallelContext, rank_context
 from runtime.parallel.layers import ShardedWeights, check_shape
+from runtime.parallel.sharding import even_split
 
 # A per-expert checkpoint tensor: (the experts module, expert index, projection).
 EXPERT_TENSOR = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
@@ -36,38 +40,47 @@ STACKED_TENSOR = re.compile(r"^(.*\.mlp\.experts)\.(gate_up_proj|down_proj)$")
 
 
 class StackedExperts(nn.Module, ShardedWeights):
-    """One projection of every expert, `weight` [E, sum(part_rows), cols]; the checkpoint gives
-    each expert's parts one by one: shard `e * len(part_rows) + p` is part p of expert e."""
+    """One projection of every expert, this rank's part of it: `weight` [E, parts * len(rows),
+    len(cols)]. Each expert's checkpoint matrix is `parts` blocks of `whole_rows` rows (gate and
+    up: 2; down: 1) by `whole_cols` columns, of which the rank keeps `rows` of each block and
+    `cols`; the checkpoint gives them one by one: shard `e * parts + p` is block p of expert e."""
 
-    def __init__(self, num_experts: int, part_rows: tuple[int, ...], cols: int, dtype: torch.dtype,
-                 device: torch.device) -> None:
+    def __init__(self, num_experts: int, parts: int, whole: tuple[int, int], keep: tuple[range, range],
+                 dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
-        self.part_rows, self.num_experts = part_rows, num_experts
-        weight = torch.empty((num_experts, sum(part_rows), cols), dtype=dtype, device=device)
+        self.num_experts, self.parts, self.whole = num_experts, parts, whole
+        self.rows, self.cols = keep
+        weight = torch.empty((num_experts, parts * len(self.rows), len(self.cols)), dtype=dtype, device=device)
         self.weight = nn.Parameter(weight, requires_grad=False)
 
     @property
     def num_shards(self) -> int:
-        return self.num_experts * len(self.part_rows)
+        return self.num_experts * self.parts
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard: int = 0) -> None:
-        expert, part = divmod(shard, len(self.part_rows))
-        check_shape(loaded, (self.part_rows[part], param.shape[2]))
-        param.data[expert].narrow(0, sum(self.part_rows[:part]), self.part_rows[part]).copy_(loaded)
+        expert, part = divmod(shard, self.parts)
+        check_shape(loaded, self.whole)
+        piece = loaded.narrow(0, self.rows.start, len(self.rows)).narrow(1, self.cols.start, len(self.cols))
+        param.data[expert].narrow(0, part * len(self.rows), len(self.rows)).copy_(piece)
 
     def load_whole(self, param: nn.Parameter, whole: torch.Tensor) -> None:
-        check_shape(whole, param.shape)
-        param.data.copy_(whole)
+        check_shape(whole, (self.num_experts, self.parts * self.whole[0], self.whole[1]))
+        for expert, matrix in enumerate(whole):
+            for part, block in enumerate(matrix.split(self.whole[0])):
+                self.weight_loader(param, block, expert * self.parts + part)
 
 
 class Experts(nn.Module):
-    """Every expert's gate/up rows ([E, 2I, H]: gate then up) and down projection ([E, H, I])."""
+    """Every expert's gate/up rows ([E, 2I, H]: gate then up) and down projection ([E, H, I]),
+    cut to this rank's slice of I."""
 
-    def __init__(self, moe: MoeConfig, hidden: int, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, moe: MoeConfig, hidden: int, tp: ParallelContext, dtype: torch.dtype,
+                 device: torch.device) -> None:
         super().__init__()
-        size = moe.intermediate_size
-        self.gate_up = StackedExperts(moe.num_experts, (size, size), hidden, dtype, device)
-        self.down = StackedExperts(moe.num_experts, (hidden,), size, dtype, device)
+        size, everything = moe.intermediate_size, range(hidden)
+        mine = even_split(size, tp.plan.size, tp.plan.rank)
+        self.gate_up = StackedExperts(moe.num_experts, 2, (size, hidden), (mine, everything), dtype, device)
+        self.down = StackedExperts(moe.num_experts, 1, (hidden, size), (everything, mine), dtype, device)
 
 
 class Router(nn.Module):
@@ -86,16 +99,19 @@ class Router(nn.Module):
 class SparseMoeBlock(nn.Module):
     """The router, then each token's top-k experts, their outputs summed by routing weight."""
 
-    def __init__(self, cfg: ModelConfig, moe: MoeConfig, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, cfg: ModelConfig, moe: MoeConfig, tp: ParallelContext, dtype: torch.dtype,
+                 device: torch.device) -> None:
         super().__init__()
         self.moe = moe
         self.row_tile = ROW_TILE  # expert groups' padding (kernels/moe.py); set by the engines choice
         self.gate = Router(moe.num_experts, cfg.hidden_size, dtype, device)
-        self.experts = Experts(moe, cfg.hidden_size, dtype, device)
+        self.experts = Experts(moe, cfg.hidden_size, tp, dtype, device)
+        self.group: Collectives = tp.group
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         routing = route(self.gate(h), self.moe.top_k, self.moe.norm_topk_prob)
-        return expert_mlp(h, routing, self.experts.gate_up.weight, self.experts.down.weight, self.row_tile)
+        out = expert_mlp(h, routing, self.experts.gate_up.weight, self.experts.down.weight, self.row_tile)
+        return self.group.all_reduce(out)  # each rank's slice of I gave a partial sum
 
 
 class Qwen3MoeForCausalLM(CausalLM):
@@ -104,9 +120,8 @@ class Qwen3MoeForCausalLM(CausalLM):
     def __init__(
         self, config: ModelConfig, dtype: torch.dtype, device: torch.device, tp: ParallelContext | None = None
     ) -> None:
-        if tp is not None and tp.plan.size > 1:
-            raise UnsupportedModel("Qwen3MoeForCausalLM runs on one rank only (tensor parallelism is not supported)")
         super().__init__(config, dtype, device, tp)
+        parallel = rank_context(tp, config)
         moe = config.moe
         assert moe is not None, "ModelConfig.from_hf sets moe for this architecture"
         # The shared decoder built dense MLPs (torch.empty: unwritten memory); swap in the sparse
@@ -115,7 +130,7 @@ class Qwen3MoeForCausalLM(CausalLM):
         for i in moe.sparse_layers:
             layer = self.model.layers[i]
             assert isinstance(layer, DecoderLayer) and layer.self_attn.qk_norm
-            layer.add_module("mlp", SparseMoeBlock(config, moe, dtype, device))
+            layer.add_module("mlp", SparseMoeBlock(config, moe, parallel, dtype, device))
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         super().load_weights(self._split_stacked(named_tensors))

@@ -2,7 +2,8 @@
 default model's Llama: Phi-3 (fused checkpoint projections), Mistral (Llama's decoder) and
 Qwen3-MoE (q/k norms, sparse expert blocks whose routing is a discrete choice per token), each a
 tiny random-weight model in fp32. Greedy tokens must not depend on overlap, the radix cache,
-chunking, page size or mixed batches: the PAIRWISE rows against the baseline row, per family."""
+chunking, page size or mixed batches: the PAIRWISE rows against the baseline row, per family,
+and one row with two tensor-parallel ranks (a real rank-1 process)."""
 
 from __future__ import annotations
 
@@ -79,3 +80,22 @@ def test_same_tokens_every_configuration(family_model: str) -> None:
         overlap, radix, chunk, page, mixed = row
         if mixed and chunk > 0:  # chunked prompts keep others decoding: some forwards were mixed
             assert sched.batcher.mixed_steps > 0, row
+
+
+def test_same_tokens_with_two_tensor_parallel_ranks(family_model: str) -> None:
+    """Rank 0's scheduler here leading a real rank-1 process (test_equivalence.py's TP row)."""
+    from runtime.contracts.config import ServerConfig
+    from runtime.execution.resolve import resolve_config
+    from tests.runtime.parallel.tp_harness import tp_scheduler
+    from tests.scheduler.harness import FakeIO, run_until_idle, submit
+
+    baseline, _ = run(family_model, prompts, **options(BASELINE))
+    row = options((False, True, 32, 1, True))
+    config = resolve_config(ServerConfig(model_path=family_model, device="cpu", tp_size=2, max_total_tokens=8192,
+                                         max_running_requests=16, **row))
+    io = FakeIO()
+    with tp_scheduler(config, io) as sched:
+        for i, (prompt, params) in enumerate(prompts()):
+            submit(io, f"e{i}", prompt, ignore_eos=False, **params)
+        results = {rid: (r["ids"], r["finish"]) for rid, r in run_until_idle(sched, io).items()}
+    assert results == baseline

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -18,8 +19,9 @@ from runtime.execution.static_batch import StaticBatch
 from runtime.execution.weights import iter_safetensors, load_model
 from runtime.models import build_model
 from runtime.models.qwen3_moe import SparseMoeBlock
-from runtime.parallel.sharding import check_shardable
+from runtime.parallel.sharding import ShardPlan, check_shardable
 from tests.runtime.models.test_models import CPU, model_config, our_logits, rel_err
+from tests.runtime.parallel.test_parallel_layers import RankContext, ThreadGroup
 
 TINY_MOE = dict(hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2,
                 num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=256,
@@ -106,9 +108,32 @@ def test_missing_or_unknown_expert_is_named(checkpoint):
         model.load_weights([*tensors, extra])
 
 
-def test_tensor_parallel_is_refused(checkpoint):
-    with pytest.raises(InvalidRequest, match="tp_size 2 is not supported for Qwen3MoeForCausalLM") as err:
-        check_shardable(model_config(checkpoint[0]), 2)
+@pytest.mark.parametrize("size", [2, 4])
+def test_tensor_parallel_ranks_match_one(checkpoint, size):
+    """Ranks as threads (tests/runtime/parallel/test_parallel_layers.py's group): each holds its
+    slice of every expert's intermediate size; the all-reduced logits are one rank's."""
+    path, _ = checkpoint
+    cfg, ids = model_config(path), prompt(30, 3)
+    want = our_logits(load_model(str(path), cfg, torch.float32, CPU), ids)
+    group = ThreadGroup(size)
+
+    def rank_logits(rank: int) -> torch.Tensor:
+        tp = RankContext(ShardPlan.build(cfg, size, rank), group.member(rank))
+        model = load_model(str(path), cfg, torch.float32, CPU, tp=tp)
+        experts = model.model.layers[1].mlp.experts
+        assert experts.gate_up.weight.shape == (8, 2 * 32 // size, 64)
+        assert experts.down.weight.shape == (8, 64, 32 // size)
+        return our_logits(model, ids)
+
+    with ThreadPoolExecutor(size) as pool:
+        for got in pool.map(rank_logits, range(size)):
+            assert rel_err(got, want) <= 1e-5 and torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+def test_tensor_parallel_needs_expert_slices():
+    cfg = ModelConfig.from_hf({**TINY_MOE, "architectures": ["Qwen3MoeForCausalLM"], "moe_intermediate_size": 1})
+    with pytest.raises(InvalidRequest, match="tp_size 2 is larger than the model's dimensions") as err:
+        check_shardable(cfg, 2)
     assert err.value.param == "tp_size"
 
 
