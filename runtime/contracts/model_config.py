@@ -21,12 +21,43 @@ ARCHITECTURES: dict[str, tuple[bool, bool]] = {
     "Phi3ForCausalLM": (False, False),
     "Qwen2ForCausalLM": (True, False),
     "Qwen3ForCausalLM": (False, True),
+    "Qwen3MoeForCausalLM": (False, True),
 }
+# Architectures whose MLP blocks are (some of them) sparse mixtures of experts (`MoeConfig`).
+MOE_ARCHITECTURES = ("Qwen3MoeForCausalLM",)
 ROPE_TYPES = ("default", "linear", "llama3")
 # Architectures whose HF model applies `sliding_window` whenever it is set (no `use_sliding_window`).
 WINDOWED_BY_DEFAULT = ("MistralForCausalLM", "Phi3ForCausalLM")
 # The context length assumed when config.json omits max_position_embeddings.
 DEFAULT_CONTEXT = 4096
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    """The sparse MLP blocks of a mixture-of-experts model (Qwen3-MoE's config keys)."""
+
+    num_experts: int
+    top_k: int  # num_experts_per_tok
+    intermediate_size: int  # each expert's (moe_intermediate_size); dense layers keep the model's
+    norm_topk_prob: bool  # renormalize the top-k routing weights to sum to 1
+    sparse_layers: tuple[int, ...]  # the layers whose MLP is the sparse block; the others stay dense
+
+    @classmethod
+    def from_hf(cls, hf: dict[str, Any]) -> MoeConfig:
+        """As HF's Qwen3MoeDecoderLayer decides: a layer is sparse unless in `mlp_only_layers`,
+        when it is a multiple of `decoder_sparse_step` (counting layers from 1)."""
+        # Qwen's config.json names it num_experts; transformers v5 writes num_local_experts.
+        experts = int(hf["num_experts"] if "num_experts" in hf else hf.get("num_local_experts", 128))
+        step = int(hf.get("decoder_sparse_step", 1))
+        dense = set(hf.get("mlp_only_layers") or ())
+        sparse = tuple(i for i in range(hf["num_hidden_layers"])
+                       if i not in dense and experts > 0 and step > 0 and (i + 1) % step == 0)
+        top_k = int(hf.get("num_experts_per_tok", 8))
+        if sparse and not 0 < top_k <= experts:
+            raise UnsupportedModel(f"num_experts_per_tok={top_k} must be between 1 and num_experts={experts}")
+        return cls(num_experts=experts, top_k=top_k,
+                   intermediate_size=int(hf.get("moe_intermediate_size", 768)),
+                   norm_topk_prob=bool(hf.get("norm_topk_prob", False)), sparse_layers=sparse)
 
 
 @dataclass(frozen=True)
@@ -50,6 +81,7 @@ class ModelConfig:
     qk_norm: bool  # per-head RMSNorm of q and k before rotary (Qwen3)
     torch_dtype: str | None  # the checkpoint's dtype name, e.g. "bfloat16"
     eos_token_ids: tuple[int, ...]
+    moe: MoeConfig | None = None  # the sparse MLP blocks of a mixture-of-experts model
 
     @property
     def q_size(self) -> int:
@@ -86,6 +118,7 @@ class ModelConfig:
             qk_norm=qk_norm,
             torch_dtype=_dtype_name(hf.get("dtype") or hf.get("torch_dtype")),
             eos_token_ids=_eos_ids(hf.get("eos_token_id")),
+            moe=MoeConfig.from_hf(hf) if arch in MOE_ARCHITECTURES else None,
         )
 
 

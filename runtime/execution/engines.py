@@ -12,6 +12,8 @@ The ops and their candidates:
 - prefill attention: ours (kernels/csrc/prefill_attention.cpp) or torch's (K/V gathered, then a
   GEMM, or SDPA's flash kernel).
 - the decode cascade: decode rows sharing a long KV prefix attend to it once.
+- the expert GEMM of MoE models (kernels/moe.py): each expert's group of rows padded to a tile,
+  or not (a group of 1-3 rows then takes the GEMM's faster GEMV path, and rounds differently).
 
 Batch invariance. By default a row's result depends on that row alone, whatever it is batched or
 chunked with and whether its prefix came from the cache: each op keeps one engine for every
@@ -40,10 +42,12 @@ from kernels import block_engines
 from kernels.base import ForwardMetadata
 from kernels.kv_pool import KVPool
 from kernels.linear import Linear
+from kernels.moe import ROW_TILE
 from kernels.quant_linear import ISA_CODES, BlockQuantLinearMethod
 from kernels.torch_backend import TorchAttentionBackend
 from runtime.contracts.config import ServerConfig
 from runtime.execution.device import cpu_capability
+from runtime.models.qwen3_moe import SparseMoeBlock
 
 logger = logging.getLogger("radixserve.engines")
 
@@ -77,7 +81,7 @@ def choose_engines(model: torch.nn.Module, backend: object, config: ServerConfig
     alternatives when `measure` (default: with --enable-batch-variance); logs the choices."""
     variance, start = config.enable_batch_variance, time.perf_counter()
     measure = variance if measure is None else measure
-    choices = choose_block_gemm(model, variance, measure)
+    choices = choose_block_gemm(model, variance, measure) + choose_expert_padding(model, variance)
     if isinstance(backend, TorchAttentionBackend):
         if backend.extend_kernel is not None:
             choices.append(choose_prefill_attention(backend, variance, measure))
@@ -89,6 +93,18 @@ def choose_engines(model: torch.nn.Module, backend: object, config: ServerConfig
     if measure:
         logger.info("engines measured and chosen in %.2f s on %s", time.perf_counter() - start, cpu_line())
     return choices
+
+
+def choose_expert_padding(model: torch.nn.Module, variance: bool) -> list[Choice]:
+    """MoE blocks: expert groups padded to ROW_TILE rows for batch invariance, unpadded with variance."""
+    blocks = [m for m in model.modules() if isinstance(m, SparseMoeBlock)]
+    if not blocks:
+        return []
+    tile = 1 if variance else ROW_TILE
+    for block in blocks:
+        block.row_tile = tile
+    why = "--enable-batch-variance" if variance else "batch invariance: a group of 1-3 rows rounds differently"
+    return [Choice("expert GEMM", f"{len(blocks)} sparse layers", f"groups padded to {tile} rows", why)]
 
 
 def choose_block_gemm(model: torch.nn.Module, variance: bool, measure: bool) -> list[Choice]:

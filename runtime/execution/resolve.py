@@ -141,9 +141,11 @@ def resolve_config(config: ServerConfig) -> ServerConfig:
         attention_backend=backend,
         cuda_graph_max_bs=graph_max_bs,
         # Graphs capture FlashInfer's graph wrappers; the torch backend runs eagerly. Graphs with
-        # NCCL collectives inside are not built yet: tensor-parallel decode runs eagerly.
+        # NCCL collectives inside are not built yet: tensor-parallel decode runs eagerly. MoE
+        # blocks size their expert groups on the host (kernels/moe.py): they run eagerly too.
         disable_cuda_graph=(
             config.disable_cuda_graph or device.type != "cuda" or backend != "flashinfer" or config.tp_size > 1
+            or model_config.moe is not None
         ),
         chunked_prefill_size=chunk,
         context_length=context,

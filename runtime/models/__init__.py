@@ -11,11 +11,12 @@ from runtime.models.llama import LlamaForCausalLM
 from runtime.models.phi3 import Phi3ForCausalLM
 from runtime.models.qwen2 import Qwen2ForCausalLM
 from runtime.models.qwen3 import Qwen3ForCausalLM
+from runtime.models.qwen3_moe import Qwen3MoeForCausalLM
 from runtime.parallel.context import ParallelContext
 
 MODEL_REGISTRY: dict[str, type[CausalLM]] = {
     arch: cls
-    for cls in (LlamaForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)
+    for cls in (LlamaForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM)
     for arch in cls.architectures
 }
 

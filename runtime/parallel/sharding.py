@@ -5,7 +5,9 @@ Megatron's layout, as SGLang and vLLM use it:
     its query heads, k and v rows of its KV heads) and of its slice of the intermediate size;
   - o_proj and down_proj are row-parallel: a rank holds the matching input columns, and the
     partial outputs are summed by one all-reduce each (their bias is added by rank 0 alone);
-  - embed_tokens and lm_head are vocab-parallel: a rank holds a contiguous slice of the vocabulary.
+  - embed_tokens and lm_head are vocab-parallel: a rank holds a contiguous slice of the vocabulary;
+  - a mixture of experts' blocks: every expert's gate/up and down split like the dense MLP's, over
+    the expert's own intermediate size (runtime/models/qwen3_moe.py), the router replicated.
 
 Heads follow their KV head: a query head always lives on a rank that holds its KV head. With at
 least as many KV heads as ranks, the KV heads are split into contiguous near-even ranges (the
@@ -101,5 +103,6 @@ def check_shardable(cfg: ModelConfig, size: int) -> None:
                 f"than ranks, tp_size must be a multiple of them and at most {cfg.num_heads}",
                 param="tp_size",
             )
-    if size > cfg.intermediate_size or size > cfg.vocab_size:
+    experts = cfg.moe.intermediate_size if cfg.moe is not None and cfg.moe.sparse_layers else size
+    if size > cfg.intermediate_size or size > cfg.vocab_size or size > experts:
         raise InvalidRequest(f"tp_size {size} is larger than the model's dimensions", param="tp_size")
