@@ -44,12 +44,13 @@ DEFAULT_CHUNK = 2048
 
 
 def default_model_format(config: ServerConfig, device: torch.device) -> tuple[str, str]:
-    """How to load the default model when no model path and no load format are given: on CPU, from
-    the Q4_1 file it ships as, its linears run from their blocks by our kernels ("gguf"; faster than
-    full precision at every batch size measured, docs/benchmarks.md, at 0.008-0.025 nats/token of
-    log-prob drift), unless something asks for full precision or the kernels cannot run: a dtype
-    named (`--dtype float32|bfloat16`), a quantization, tensor parallelism, or no built kernels
-    (or no AVX2). Returns the load format and why, for the log."""
+    """How to load a GGUF file when no load format is given (the default model's shipped Q4_1
+    file, or a .gguf model path): on CPU, its linears run from their blocks by our kernels
+    ("gguf"; faster than full precision at every batch size measured, docs/benchmarks.md, at
+    0.008-0.025 nats/token of log-prob drift on the default file), unless something asks for full
+    precision or the kernels cannot run: a dtype named (`--dtype float32|bfloat16`), a
+    quantization, tensor parallelism, or no built kernels (or no AVX2). Returns the load format and
+    why, for the log."""
     full = "full precision from its converted folder"
     if device.type != "cpu":
         return "auto", f"{full} ({device.type})"
@@ -57,7 +58,7 @@ def default_model_format(config: ServerConfig, device: torch.device) -> tuple[st
         return "auto", f"{full} (--dtype, --quantization or --tp-size given)"
     if cpu_capability().isa == "default" or not cpu_kernels_built():
         return "auto", f"{full} (the quantized kernels cannot run here: no AVX2, or not built)"
-    return "gguf", "its shipped Q4_1 file's blocks, run by our kernels (full precision: --dtype float32 or bfloat16)"
+    return "gguf", "the file's blocks, run by our kernels (full precision: --dtype float32 or bfloat16)"
 
 
 def _log_file_alone(gguf_file: str) -> None:
@@ -90,6 +91,9 @@ def resolve_config(config: ServerConfig) -> ServerConfig:
     elif is_gguf_path(model_path) or (load_format == "gguf" and gguf_file is None):
         # A folder with --gguf-file names the file's config and tokenizer itself: used as given.
         served_name = served_name or os.path.basename(model_path).removesuffix(".gguf")
+        if load_format == "auto":
+            load_format, why = default_model_format(config, device)
+            logger.info("%s: %s", os.path.basename(model_path), why)
         native = device.type == "cpu" and load_format == "gguf"
         if load_format == "gguf" and not native:
             logger.info("load_format gguf runs the file's blocks on CPU only: serving its dequantized folder")

@@ -44,9 +44,10 @@ def test_fingerprint_follows_the_file(tmp_path: Path, monkeypatch: pytest.Monkey
 def test_embedded_gguf_serves_like_the_default_model(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, default_model_path: str
 ) -> None:
-    """The embedded Q4_1 GGUF given as a path converts once, into a folder keyed by the path, and
-    serves from it. The conversion itself is the default model's (`default_model_path` made it
-    with the same `convert_gguf`), so here it copies that result instead of taking 20 s again."""
+    """The embedded Q4_1 GGUF given as a path runs from its blocks with a metadata folder; asked for
+    full precision, it converts once, into a folder keyed by the path, and serves from it. The
+    conversion itself is the default model's (`default_model_path` made it with the same
+    `convert_gguf`), so here it copies that result instead of taking 20 s again."""
     import shutil
 
     from safetensors import safe_open
@@ -68,17 +69,19 @@ def test_embedded_gguf_serves_like_the_default_model(
     monkeypatch.setattr(default_model, "write_gguf_metadata", copy_metadata)
     monkeypatch.setenv("RADIXSERVE_CACHE_DIR", str(tmp_path))
     source = str(gguf_path())
-    # By default: the converted folder's weights, in full precision.
-    resolved = resolve_config(ServerConfig(model_path=source))
+    # Full precision asked for: the converted folder's weights.
+    resolved = resolve_config(ServerConfig(model_path=source, dtype="float32"))
     assert Path(resolved.model_path).parent == tmp_path / "gguf"
     assert resolved.load_format == "auto" and resolved.gguf_file is None
     assert resolved.tokenizer_path == resolved.model_path
     assert resolved.served_model_name == "SmolLM2-135M-Instruct.Q4_1"
-    assert resolve_config(ServerConfig(model_path=source)).model_path == resolved.model_path
+    assert resolve_config(ServerConfig(model_path=source, dtype="float32")).model_path == resolved.model_path
     assert conversions == [Path(source).resolve()]  # converted once
-    # --load-format gguf on CPU: the file's blocks; its metadata folder (no weights) gives the
-    # config and the tokenizer.
-    again = resolve_config(ServerConfig(model_path=source, load_format="gguf"))
+    # By default on a CPU whose kernels are built, as with --load-format gguf: the file's blocks;
+    # its metadata folder (no weights) gives the config and the tokenizer.
+    monkeypatch.setattr("runtime.execution.resolve.cpu_kernels_built", lambda: True)
+    again = resolve_config(ServerConfig(model_path=source))
+    assert again.load_format == "gguf" and again.gguf_file == source
     assert again.model_path == resolved.model_path + "-metadata" and len(conversions) == 2
     assert again.load_format == "gguf" and again.gguf_file == source and again.tokenizer_path == again.model_path
     assert resolve_config(ServerConfig(model_path=source, load_format="gguf")).model_path == again.model_path
