@@ -16,6 +16,7 @@ pairs neighbouring dimensions, Hugging Face's the two halves); `_unpermute_rows`
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
 from collections import Counter
@@ -152,5 +153,7 @@ def _install_blocks(model: CausalLM, blocks: dict[str, list[tuple[int, str, torc
         if len(formats) == 1:
             fmt: BlockFormat = KERNEL_FORMATS[formats.pop()]
             quant_linear.install(layer, torch.cat([rows for _, _, rows in parts]), fmt, kernels, isa)
-        else:  # a fused layer's parts in different formats: each runs from its own blocks
-            quant_linear.install_parts(layer, [(rows, KERNEL_FORMATS[name]) for _, name, rows in parts], kernels, isa)
+        else:  # a fused layer's parts in different formats: each run of one format from its own blocks
+            runs = [(torch.cat([rows for _, _, rows in group]), KERNEL_FORMATS[name])
+                    for name, group in itertools.groupby(parts, key=lambda part: part[1])]
+            quant_linear.install_parts(layer, runs, kernels, isa)

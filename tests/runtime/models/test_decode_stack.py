@@ -1,6 +1,6 @@
 """A decode step's layers as one C++ call each (runtime/models/decode_stack.py) against the same
-layers in Python: the default model's shipped Q4_1 blocks, both activation dtypes, logits bit for
-bit; and the batches and models it must leave to Python."""
+layers in Python: the default model's shipped Q4_1 blocks, both activation dtypes, and a K-quant
+mix of it, logits bit for bit; and the batches and models it must leave to Python."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from kernels.torch_backend import TorchAttentionBackend
 from runtime.execution.static_batch import Seq, StaticBatch
 from runtime.models.decode_stack import DecodeStack
 from runtime.support.default_model import gguf_path
+from tests.runtime.execution.kquant_mix import write_kquant_mix
 
 PROMPTS = [[1, 9690, 30, 2683, 314, 253, 1789], list(range(200, 261)), [42] * 19]
 
@@ -55,6 +56,22 @@ def test_stack_runs_the_python_layers_bit_for_bit(engine: StaticBatch) -> None:
     assert calls == [True] * 5, "every decode step (and no prefill) ran through the stack"
     python = _decode_logits(engine, None, steps=5)
     engine.runner.model.model.decode_stack = stack
+    for step, (a, b) in enumerate(zip(ours, python)):
+        assert torch.equal(a, b), f"decode step {step}: logits differ by {(a - b).abs().max()}"
+
+
+@pytest.mark.slow
+def test_a_kquant_mix_with_fused_layers_of_two_formats_runs_bit_for_bit(tmp_path_factory: pytest.TempPathFactory
+                                                                         ) -> None:
+    """Q4_K/Q5_K/Q6_K, q5_0, q5_1 and q8_0 blocks, a fused q/k/v in two formats (q5_0 q and k,
+    q8_0 v: two kernel calls in the layer's one): the stack's logits are the Python layers'."""
+    mix = write_kquant_mix(gguf_path(), tmp_path_factory.mktemp("mix") / "mix.gguf")
+    engine = StaticBatch.create(str(mix), load_format="gguf", dtype="bfloat16", max_total_tokens=512,
+                                max_running_requests=len(PROMPTS), context_length=128)
+    stack = engine.runner.model.model.decode_stack
+    assert stack is not None and stack.layers[0].parts == [2, 1, 1, 1]
+    ours = _decode_logits(engine, stack, steps=3)
+    python = _decode_logits(engine, None, steps=3)
     for step, (a, b) in enumerate(zip(ours, python)):
         assert torch.equal(a, b), f"decode step {step}: logits differ by {(a - b).abs().max()}"
 
