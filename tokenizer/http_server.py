@@ -6,7 +6,9 @@ Native (SGLang):  POST /generate, GET /health, GET /health_generate, GET /get_mo
                   GET /get_server_info, GET /get_load, POST /flush_cache, POST /abort_request, GET /metrics,
                   POST /tokenize, POST /detokenize (also under /v1/)
 OpenAI:           GET /v1/models, POST /v1/completions, POST /v1/chat/completions,
-                  POST /v1/responses, GET|DELETE /v1/responses/{id}, POST /v1/responses/{id}/cancel
+                  POST /v1/responses, GET|DELETE /v1/responses/{id}, POST /v1/responses/{id}/cancel,
+                  POST /v1/embeddings
+Rerank and score: POST /v1/rerank (Cohere's and Jina's shape), POST /v1/score (vLLM's)
 Anthropic:        POST /v1/messages, POST /v1/messages/count_tokens (errors in Anthropic's shape)
 OpenAPI:          GET /openapi.json (every route's body, from the field specs, and answers)
 
@@ -33,12 +35,15 @@ from tokenizer import browser_guard, native_api, openapi, token_routes
 from tokenizer.anthropic import api as anthropic_api
 from tokenizer.anthropic.errors import error_shape_middleware
 from tokenizer.api_key import resolve_api_key
+from tokenizer.core.embed import Embedded, EmbedJob, embed_inputs
 from tokenizer.core.pipeline import generate as generate_updates
 from tokenizer.errors import Handler, HTTPError, auth_middleware, error_middleware, error_response
 from tokenizer.metrics import CONTENT_TYPE
 from tokenizer.native.generate import NativeAnswer, parse_generate
 from tokenizer.openai.chat import ChatAnswer, parse_chat
 from tokenizer.openai.completions import CompletionAnswer, CompletionRequest, parse_completion
+from tokenizer.openai.embeddings import embeddings_answer, parse_embeddings
+from tokenizer.openai.rerank import parse_rerank, parse_score, rerank_answer, score_answer
 from tokenizer.openai.responses import api as responses_api
 from tokenizer.owner import request_owner
 from tokenizer.server_state import Phase, ServerState
@@ -76,6 +81,7 @@ def create_app(server: ServerState) -> web.Application:
         web.delete("/v1/responses/{response_id}", delete_response),
         web.post("/v1/responses/{response_id}/cancel", cancel_response),
         web.post("/v1/messages", messages), web.post("/v1/messages/count_tokens", count_tokens),
+        web.post("/v1/embeddings", embeddings), web.post("/v1/rerank", rerank), web.post("/v1/score", score),
         web.get("/openapi.json", openapi_document),
     ])
     return app
@@ -243,6 +249,32 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     server = request.app[SERVER]
     chat = parse_chat(await _json_body(request), server.config, server.model_name, _owner(request))
     return await answer_generation(request, server, chat.req, ChatAnswer(chat))
+
+
+async def embeddings(request: web.Request) -> web.StreamResponse:
+    server = request.app[SERVER]
+    job, as_base64 = parse_embeddings(await _json_body(request), _owner(request))
+    results = await _embed(server, job)
+    return json_response(embeddings_answer(results, server.model_name, as_base64))
+
+
+async def rerank(request: web.Request) -> web.StreamResponse:
+    server = request.app[SERVER]
+    body, job = parse_rerank(await _json_body(request), _owner(request))
+    return json_response(rerank_answer(body, await _embed(server, job), server.model_name, job.rid))
+
+
+async def score(request: web.Request) -> web.StreamResponse:
+    server = request.app[SERVER]
+    pairs, job = parse_score(await _json_body(request), _owner(request))
+    return json_response(score_answer(pairs, await _embed(server, job), server.model_name, job.rid))
+
+
+async def _embed(server: ServerState, job: EmbedJob) -> list[Embedded]:
+    """The job's vectors, counted as a generation in flight (the drain waits for it)."""
+    tm = server.accepting_manager()
+    with server.track():
+        return await embed_inputs(tm, job)
 
 
 # ---------------------------------------------------------------- Anthropic

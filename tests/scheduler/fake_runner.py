@@ -88,6 +88,7 @@ class FakeResult:
     input_logprobs: list[list[float] | None]
     input_top_logprobs: list[list[TopK] | None]
     accepted: list[list[int]] | None = None
+    embeddings: list[list[float] | None] | None = None
 
     def host_next_ids(self) -> list[int]:
         return list(self.next_ids)
