@@ -3,7 +3,7 @@ max_new_tokens 0 and `embed` set, so the scheduler prefills it like any prompt (
 shared prefixes come from the radix cache) and answers its pooled hidden state, which is finished
 here (normalized, cut to `dimensions`) by the model's pooling (`runtime.contracts.pooling`).
 
-    vectors = await embed_inputs(tm, EmbedJob(inputs, ["input[0]", ...], rid="emb-1"))
+    vectors = await embed_inputs(tm, EmbedJob(inputs, ["input[0]", ...], "input", rid="emb-1"))
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from runtime.contracts.errors import InvalidRequest
 from runtime.contracts.pooling import Pooling, finish_embedding
 from tokenizer.core.request import GenRequest, PromptRequest
+from tokenizer.limits import check_prompt_count
 
 if TYPE_CHECKING:
     from tokenizer.manager import TokenizerManager
@@ -25,10 +26,11 @@ EMBED_SAMPLING = {"max_new_tokens": 0}
 @dataclass(frozen=True, slots=True)
 class EmbedJob:
     """Inputs to embed (texts or token ids), the body field each came from (for errors: `input`,
-    `input[2]`, `documents[0]`), and who asks."""
+    `input[2]`, `documents[0]`), the field that too many inputs is blamed on, and who asks."""
 
     inputs: list[str | list[int]]
     fields: list[str]
+    count_field: str
     rid: str
     owner: str = ""
     dimensions: int | None = None
@@ -60,6 +62,7 @@ async def embed_inputs(tm: TokenizerManager, job: EmbedJob) -> list[Embedded]:
     RuntimeCrashed, raise before anything is sent when the inputs are wrong)."""
     pooling = pooling_of(tm)
     check_dimensions(job.dimensions, int(tm.scheduler_info.get("hidden_size") or 0))
+    check_prompt_count(len(job.inputs), tm.config.max_prompts_per_request, job.count_field)
     prompts = [PromptRequest(p, f"{job.rid}_{i}", EMBED_SAMPLING, field=f)
                for i, (p, f) in enumerate(zip(job.inputs, job.fields, strict=True))]
     req = GenRequest(prompts, batch=True, group_rid=job.rid, owner=job.owner, names=job.names,

@@ -31,7 +31,7 @@ def parse_embeddings(raw: Any, owner: str = "") -> tuple[EmbedJob, bool]:
     else:
         texts = list(inputs)
         fields = [f"input[{i}]" for i in range(len(texts))]
-    job = EmbedJob(texts, fields, rid=f"embd-{uuid.uuid4().hex}", owner=owner, dimensions=body.dimensions)
+    job = EmbedJob(texts, fields, "input", rid=f"embd-{uuid.uuid4().hex}", owner=owner, dimensions=body.dimensions)
     return job, body.encoding_format == "base64"
 
 

@@ -33,7 +33,7 @@ def parse_rerank(raw: Any, owner: str = "") -> tuple[RerankBody, EmbedJob]:
     texts: list[str | list[int]] = [body.query, *(d.text if isinstance(d, DocumentObject) else d
                                                   for d in body.documents)]
     fields = ["query", *(f"documents[{i}]" for i in range(len(body.documents)))]
-    return body, EmbedJob(texts, fields, rid=f"rerank-{uuid.uuid4().hex}", owner=owner)
+    return body, EmbedJob(texts, fields, "documents", rid=f"rerank-{uuid.uuid4().hex}", owner=owner)
 
 
 def rerank_answer(body: RerankBody, results: list[Embedded], model: str, rid: str) -> dict[str, Any]:
@@ -63,7 +63,7 @@ def parse_score(raw: Any, owner: str = "") -> tuple[int, EmbedJob]:
                                              "text_1, or as many as text_2")
     texts: list[str | list[int]] = [*left, *right]
     fields = [*_names("text_1", body.text_1, len(left)), *_names("text_2", body.text_2, len(right))]
-    return len(right), EmbedJob(texts, fields, rid=f"score-{uuid.uuid4().hex}", owner=owner)
+    return len(right), EmbedJob(texts, fields, "text_2", rid=f"score-{uuid.uuid4().hex}", owner=owner)
 
 
 def _names(name: str, given: str | list[str], count: int) -> list[str]:

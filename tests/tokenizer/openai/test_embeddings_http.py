@@ -127,7 +127,8 @@ def test_score_is_the_cosine_of_the_two_embeddings(shared_server: RunningServer)
     ("/v1/embeddings", {"input": []}, "input"),
     ("/v1/embeddings", {"input": ["ok", "word " * 2100]}, "input[1]"),
     ("/v1/embeddings", {"input": [[1, 2], [1 << 20]]}, "input[1]"),
-    ("/v1/embeddings", {"input": ["a"] * 257}, "input[0]"),  # --max-prompts-per-request 256
+    ("/v1/embeddings", {"input": ["a"] * 257}, "input"),  # --max-prompts-per-request 256
+    ("/v1/rerank", {"query": "q", "documents": ["a"] * 256}, "documents"),  # with the query: 257 texts
     # Over the texts' bound, the union's other member (one list of ids) reads further: its item 0.
     ("/v1/embeddings", {"input": ["a"] * 2049}, "input[0]"),
     ("/v1/embeddings", {"input": "hi", "encoding_format": "int8"}, "encoding_format"),

@@ -54,6 +54,10 @@ def test_rerank_and_score_rank_the_relevant_document_first(server: RunningServer
     assert by_index == pytest.approx({r["index"]: r["relevance_score"] for r in out["results"]}, abs=1e-6)
 
 
+def test_health_generate_embeds_on_an_encoder(server: RunningServer) -> None:
+    assert requests.get(server.url + "/health_generate", timeout=60).status_code == 200
+
+
 @pytest.mark.parametrize("route,body,param", [
     ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 1}}, "model"),
     ("/v1/completions", {"prompt": "hi", "max_tokens": 1}, "model"),
