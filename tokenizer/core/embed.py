@@ -72,8 +72,8 @@ async def embed_inputs(tm: TokenizerManager, job: EmbedJob) -> list[Embedded]:
     async with contextlib.aclosing(taken):  # type: ignore[type-var]
         async for i, delta in taken:
             reason = delta.finish_reason or {}
-            if delta.embedding is None:
-                raise RuntimeError(f"input {i} ended without an embedding: {reason.get('message', reason)}")
+            if delta.embedding is None:  # aborted (its deadline passed): the HTTP layer's 504
+                raise TimeoutError(f"{job.fields[i]} was not embedded: {reason.get('message', 'aborted')}")
             vector = finish_embedding(delta.embedding, pooling, job.dimensions)
             out[i] = Embedded(vector, delta.prompt_tokens, delta.cached_tokens)
     assert all(e is not None for e in out), "every input finishes once"
