@@ -31,19 +31,16 @@ from aiohttp import web
 
 from runtime.contracts.config import ServerConfig
 from runtime.contracts.errors import InvalidRequest
-from tokenizer import browser_guard, native_api, openapi, token_routes
+from tokenizer import browser_guard, embed_routes, native_api, openapi, token_routes
 from tokenizer.anthropic import api as anthropic_api
 from tokenizer.anthropic.errors import error_shape_middleware
 from tokenizer.api_key import resolve_api_key
-from tokenizer.core.embed import Embedded, EmbedJob, embed_inputs
 from tokenizer.core.pipeline import generate as generate_updates
 from tokenizer.errors import Handler, HTTPError, auth_middleware, error_middleware, error_response
 from tokenizer.metrics import CONTENT_TYPE
 from tokenizer.native.generate import NativeAnswer, parse_generate
 from tokenizer.openai.chat import ChatAnswer, parse_chat
 from tokenizer.openai.completions import CompletionAnswer, CompletionRequest, parse_completion
-from tokenizer.openai.embeddings import embeddings_answer, parse_embeddings
-from tokenizer.openai.rerank import parse_rerank, parse_score, rerank_answer, score_answer
 from tokenizer.openai.responses import api as responses_api
 from tokenizer.owner import request_owner
 from tokenizer.server_state import Phase, ServerState
@@ -252,29 +249,18 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 async def embeddings(request: web.Request) -> web.StreamResponse:
-    server = request.app[SERVER]
-    job, as_base64 = parse_embeddings(await _json_body(request), _owner(request))
-    results = await _embed(server, job)
-    return json_response(embeddings_answer(results, server.model_name, as_base64))
+    body = await _json_body(request)
+    return json_response(await embed_routes.embeddings(request.app[SERVER], body, _owner(request)))
 
 
 async def rerank(request: web.Request) -> web.StreamResponse:
-    server = request.app[SERVER]
-    body, job = parse_rerank(await _json_body(request), _owner(request))
-    return json_response(rerank_answer(body, await _embed(server, job), server.model_name, job.rid))
+    body = await _json_body(request)
+    return json_response(await embed_routes.rerank(request.app[SERVER], body, _owner(request)))
 
 
 async def score(request: web.Request) -> web.StreamResponse:
-    server = request.app[SERVER]
-    pairs, job = parse_score(await _json_body(request), _owner(request))
-    return json_response(score_answer(pairs, await _embed(server, job), server.model_name, job.rid))
-
-
-async def _embed(server: ServerState, job: EmbedJob) -> list[Embedded]:
-    """The job's vectors, counted as a generation in flight (the drain waits for it)."""
-    tm = server.accepting_manager()
-    with server.track():
-        return await embed_inputs(tm, job)
+    body = await _json_body(request)
+    return json_response(await embed_routes.score(request.app[SERVER], body, _owner(request)))
 
 
 # ---------------------------------------------------------------- Anthropic
