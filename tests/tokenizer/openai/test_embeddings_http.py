@@ -91,6 +91,19 @@ def test_a_shared_prefix_comes_from_the_radix_cache_and_changes_nothing(shared_s
     assert max(abs(a - b) for a, b in zip(got, want)) < 1e-4
 
 
+def test_inputs_of_one_request_share_their_prefix(shared_server: RunningServer) -> None:
+    wait_idle(shared_server)
+    assert post(shared_server, "/flush_cache", {}).status_code == 200
+    texts = [PREFIX + f"Ending number {i}." for i in range(3)]
+    together = _embed(shared_server, {"input": texts})
+    prefix_tokens = together["usage"]["prompt_tokens"] // 3 - 8
+    assert together["usage"]["prompt_tokens_details"]["cached_tokens"] >= 2 * prefix_tokens
+    wait_idle(shared_server)
+    assert post(shared_server, "/flush_cache", {}).status_code == 200
+    alone = _embed(shared_server, {"input": texts[2]})["data"][0]["embedding"]
+    assert max(abs(a - b) for a, b in zip(together["data"][2]["embedding"], alone)) < 1e-4
+
+
 def test_rerank_in_cohere_and_jina_shape(shared_server: RunningServer) -> None:
     docs: list[Any] = ["Paris is the capital of France.", {"text": "Bananas are yellow."},
                        "The Eiffel tower is in Paris."]
