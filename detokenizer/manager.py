@@ -100,6 +100,7 @@ class DetokenizerManager:
             queue_times=out.queue_times,
             decode_states=decode_states,
             pinned_tokens=out.pinned_tokens,
+            embeddings=out.embeddings,
         )
 
     def _new_options(self, out: BatchTokenOut) -> list[DecodeOptions | None]:

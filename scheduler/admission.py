@@ -63,10 +63,13 @@ class Admission:
         order = order_waiting(self.queues.waiting, self.config.schedule_policy, cache)
         if self.priority is not None:
             order = self.priority.order(order, time.monotonic())
+        shared = SharedPrefixes()
         for req in order:
             if not adder.budget_left() or adder.new_chunked is not None:
                 break
             match = cache.match(req.fill_ids[: req.max_prefix_len()], req.extra_key)
+            if req.embed and shared.defer(req, len(match.indices)):
+                continue
             cache.lock(match.node)
             cached = len(match.indices)
             plan = self.ledger.tier_plan(req, cached)
@@ -91,3 +94,26 @@ class Admission:
             return False
         cached = len(self.ledger.cache.match(req.fill_ids[: req.max_prefix_len()], req.extra_key).indices)
         return adder.kv_fits(req, cached)
+
+
+SHARED_PREFIX_TOKENS = 32  # uncached tokens two embed inputs must share before the second waits
+
+
+class SharedPrefixes:
+    """One round's embed requests by the start of their uncached part. An embed input that starts
+    like one admitted this round waits for the next round, when that one's prefix is in the cache:
+    inputs of one request that share a long prefix (a rerank's documents under one instruction)
+    compute it once, not once each. Generation requests are never held back here."""
+
+    def __init__(self) -> None:
+        self.keys: set[tuple[str | None, tuple[int, ...]]] = set()
+
+    def defer(self, req: Req, cached: int) -> bool:
+        """True when `req` should wait a round; else it is recorded as admitted this round."""
+        if len(req.fill_ids) - cached < 2 * SHARED_PREFIX_TOKENS:
+            return False
+        key = (req.extra_key, tuple(req.fill_ids[: cached + SHARED_PREFIX_TOKENS]))
+        if key in self.keys:
+            return True
+        self.keys.add(key)
+        return False

@@ -56,6 +56,7 @@ def prefill_entry(req: Req, extend: int) -> ForwardEntry:
     _plan_input_logprobs(req, entry, start, start + extend)
     if req.computed == len(req.fill_ids):  # the last chunk: its sampled token is the next one
         _constrain(req, entry)
+        entry.embed = req.embed
     return entry
 
 

@@ -91,6 +91,7 @@ def _append(out: BatchTokenOut, req: Req) -> None:
     waited = req.admitted_at - req.arrival if first and req.admitted_at is not None else None
     out.queue_times.append(waited)
     out.pinned_tokens.append(req.pinned_tokens)
+    out.embeddings.append(req.embedding if req.finished else None)
     req.sent_ids = len(req.output)
     req.sent_first = True
     req.sent_finish = req.finished

@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 from runtime.contracts.codec import encode
 from runtime.contracts.config import ServerConfig, read_model_json
+from runtime.contracts.encoder_config import is_encoder
 from runtime.contracts.ipc import IpcDir, PullSocket, PushSocket, new_context
 from runtime.contracts.messages import BatchTokenOut, ChildReady, SchedulerCrashed
+from runtime.contracts.pooling import read_pooling
 from scheduler.watchdog import Watchdog
 
 if TYPE_CHECKING:
@@ -134,21 +136,10 @@ def run_scheduler_process(config: ServerConfig, ipc_path: str, ready_conn: Conne
     watch_parent()
     io = SocketIO(ipc_path)
     try:
-        scheduler = build_scheduler(config, io, ipc_path)
-        info = {
-            "max_total_tokens": scheduler.ledger.cache.total,
-            "max_running_requests": scheduler.max_running,
-            "context_length": scheduler.context_len,
-            "vocab_size": scheduler.runner.vocab_size,
-            "eos_token_ids": sorted(scheduler.eos_ids),
-            "engines": scheduler.runner.engines,
-        }
-        ready_conn.send_bytes(encode(ChildReady("scheduler", info)))
-        watchdog = start_watchdog(config, ipc_path, scheduler)
-        scheduler.event_loop()
-        if watchdog is not None:
-            watchdog.stop()
-        scheduler.runner.close()
+        if is_encoder(read_model_json(config.model_path or "", "config.json")):
+            _serve_encoder(config, io, ready_conn)
+        else:
+            _serve_decoder(config, io, ipc_path, ready_conn)
     except Exception:
         tb = traceback.format_exc()
         logger.error("scheduler crashed:\n%s", tb)
@@ -159,6 +150,53 @@ def run_scheduler_process(config: ServerConfig, ipc_path: str, ready_conn: Conne
     # Sockets closed (ZMQ has flushed what was sent): the interpreter's own teardown of torch and
     # its threads takes ~2 s and holds nothing we need, so skip it as the crash path does.
     _exit_now(0)
+
+
+def embedding_info(config: ServerConfig, encoder: bool) -> dict[str, Any]:
+    """What the main process needs to answer embeddings: the vector size and the pooling."""
+    path = config.model_path or ""
+    try:
+        pooling: dict[str, Any] = read_pooling(path, encoder).as_dict()
+    except ValueError as exc:  # a decoder still generates; its embeddings are refused (limits.check_task)
+        if encoder:
+            raise
+        pooling = {"mode": str(exc), "normalize": False}
+    return {"hidden_size": read_model_json(path, "config.json").get("hidden_size"), "encoder": encoder,
+            "pooling": pooling}
+
+
+def _serve_decoder(config: ServerConfig, io: SocketIO, ipc_path: str, ready_conn: Connection) -> None:
+    scheduler = build_scheduler(config, io, ipc_path)
+    info = {
+        "max_total_tokens": scheduler.ledger.cache.total,
+        "max_running_requests": scheduler.max_running,
+        "context_length": scheduler.context_len,
+        "vocab_size": scheduler.runner.vocab_size,
+        "eos_token_ids": sorted(scheduler.eos_ids),
+        "engines": scheduler.runner.engines,
+        **embedding_info(config, False),
+    }
+    ready_conn.send_bytes(encode(ChildReady("scheduler", info)))
+    watchdog = start_watchdog(config, ipc_path, scheduler)
+    scheduler.event_loop()
+    if watchdog is not None:
+        watchdog.stop()
+    scheduler.runner.close()
+
+
+def _serve_encoder(config: ServerConfig, io: SocketIO, ready_conn: Connection) -> None:
+    """An encoder's loop (scheduler/encoder_loop.py): no KV pool, one forward per batch."""
+    from runtime.execution.encoder_runner import EncoderRunner
+    from scheduler.encoder_loop import EncoderScheduler
+
+    runner = EncoderRunner.load(config)
+    assert config.context_length is not None and config.max_running_requests is not None
+    runner.embed([[0, 1]])  # warm-up: the first request does not pay for oneDNN's set-up
+    info = {"max_total_tokens": None, "max_running_requests": config.max_running_requests,
+            "context_length": config.context_length, "vocab_size": runner.model.config.vocab_size,
+            "eos_token_ids": [], "engines": [], **embedding_info(config, True)}
+    ready_conn.send_bytes(encode(ChildReady("scheduler", info)))
+    EncoderScheduler(runner, io, config.context_length).event_loop()
 
 
 def _report_crash(io: SocketIO, tb: str) -> None:

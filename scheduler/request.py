@@ -46,6 +46,7 @@ class Req:
     priority: int = 0
     pin_prefix_len: int = 0  # prompt tokens to pin in the prefix cache once computed (0: none)
     pin_ttl_s: float = 0.0
+    embed: bool = False  # return the prompt's pooled hidden state (with max_new_tokens 0)
     arrival: float = field(default_factory=time.monotonic)
 
     # Progress: what it produced and how it ended. (Where it is: the queue that holds it,
@@ -58,6 +59,7 @@ class Req:
     pinned_tokens: int = 0  # of pin_prefix_len, the tokens its pin writes (not cached before it)
     block_hashes: list[bytes] = field(default_factory=list)  # chained hashes of fill_ids' full blocks
     preemptions: int = 0  # retractions for a more urgent request (scheduler/priority.py)
+    embedding: list[float] | None = None  # an embed request's pooled vector, once its prompt is done
 
     # What it holds while admitted (scheduler/kv_ledger.py); all empty while it waits.
     row: int | None = None  # request-slot row while it holds KV
@@ -102,6 +104,7 @@ class Req:
             priority=msg.priority,
             pin_prefix_len=min(msg.pin_prefix_len, len(msg.input_ids)),
             pin_ttl_s=msg.pin_ttl_s,
+            embed=msg.embed,
             grammar_from=None if sp.grammar_after_ids else 0,
         )
 

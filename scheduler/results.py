@@ -56,7 +56,9 @@ class ResultProcessor:
         if req.computed < len(req.fill_ids):  # a middle chunk: publish it, keep going
             self.ledger.cache_unfinished(req)
             return False
-        if req.sampling.max_new_tokens == 0:  # prefill-only (scoring, cache warm-up)
+        if req.sampling.max_new_tokens == 0:  # prefill-only (scoring, cache warm-up, embeddings)
+            if req.embed and result.embeddings is not None:
+                req.embedding = result.embeddings[i]
             req.finish({"type": "length", "length": 0})
             self.ledger.release(req)
             return False

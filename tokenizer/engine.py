@@ -4,6 +4,7 @@
         out = engine.generate("The capital of France is", {"max_new_tokens": 8, "temperature": 0})
         for chunk in engine.generate("Hi", stream=True):
             print(chunk["text"])
+        vectors = engine.encode(["a text", "another"])     # [{"embedding": [...], "meta_info": ...}]
 
 It launches the scheduler and detokenizer processes and drives a `TokenizerManager` on its own
 event loop in a background thread; every public method hands a coroutine to that loop and waits.
@@ -18,11 +19,13 @@ import atexit
 import concurrent.futures
 import functools
 import threading
+import uuid
 from collections.abc import AsyncIterator, Coroutine, Iterator
 from typing import Any, TypeVar
 
 from runtime.contracts.config import ServerConfig, config_from_kwargs
 from runtime.contracts.errors import RuntimeCrashed
+from tokenizer.core.embed import EmbedJob, embed_inputs
 from tokenizer.core.events import Update
 from tokenizer.core.pipeline import generate
 from tokenizer.launch import ChildTarget, Runtime, launch_runtime_with
@@ -148,6 +151,19 @@ class Engine:
         finally:
             if not self._closed:
                 self._call(_aclose(results))
+
+    def encode(self, prompt: str | list[str] | list[int] | list[list[int]],
+               dimensions: int | None = None) -> list[dict[str, Any]]:
+        """Embed a text, texts, ids or lists of ids (SGLang's `Engine.encode`): per input
+        `{"embedding": [...], "meta_info": {"prompt_tokens", "cached_tokens"}}`, as /v1/embeddings
+        computes them."""
+        single = isinstance(prompt, str) or (bool(prompt) and isinstance(prompt[0], int))
+        inputs: list[str | list[int]] = [prompt] if single else list(prompt)  # type: ignore[list-item, arg-type]
+        fields = ["prompt"] if single else [f"prompt[{i}]" for i in range(len(inputs))]
+        job = EmbedJob(inputs, fields, "prompt", rid=f"encode-{uuid.uuid4().hex}", dimensions=dimensions)
+        results = self._call(embed_inputs(self.tokenizer_manager, job))
+        return [{"embedding": r.vector, "meta_info": {"prompt_tokens": r.prompt_tokens,
+                                                      "cached_tokens": r.cached_tokens}} for r in results]
 
     # ------------------------------------------------------------ control
 

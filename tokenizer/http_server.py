@@ -6,7 +6,9 @@ Native (SGLang):  POST /generate, GET /health, GET /health_generate, GET /get_mo
                   GET /get_server_info, GET /get_load, POST /flush_cache, POST /abort_request, GET /metrics,
                   POST /tokenize, POST /detokenize (also under /v1/)
 OpenAI:           GET /v1/models, POST /v1/completions, POST /v1/chat/completions,
-                  POST /v1/responses, GET|DELETE /v1/responses/{id}, POST /v1/responses/{id}/cancel
+                  POST /v1/responses, GET|DELETE /v1/responses/{id}, POST /v1/responses/{id}/cancel,
+                  POST /v1/embeddings
+Rerank and score: POST /v1/rerank (Cohere's and Jina's shape), POST /v1/score (vLLM's)
 Anthropic:        POST /v1/messages, POST /v1/messages/count_tokens (errors in Anthropic's shape)
 OpenAPI:          GET /openapi.json (every route's body, from the field specs, and answers)
 
@@ -29,7 +31,7 @@ from aiohttp import web
 
 from runtime.contracts.config import ServerConfig
 from runtime.contracts.errors import InvalidRequest
-from tokenizer import browser_guard, native_api, openapi, token_routes
+from tokenizer import browser_guard, embed_routes, native_api, openapi, token_routes
 from tokenizer.anthropic import api as anthropic_api
 from tokenizer.anthropic.errors import error_shape_middleware
 from tokenizer.api_key import resolve_api_key
@@ -76,6 +78,7 @@ def create_app(server: ServerState) -> web.Application:
         web.delete("/v1/responses/{response_id}", delete_response),
         web.post("/v1/responses/{response_id}/cancel", cancel_response),
         web.post("/v1/messages", messages), web.post("/v1/messages/count_tokens", count_tokens),
+        web.post("/v1/embeddings", embeddings), web.post("/v1/rerank", rerank), web.post("/v1/score", score),
         web.get("/openapi.json", openapi_document),
     ])
     return app
@@ -243,6 +246,21 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     server = request.app[SERVER]
     chat = parse_chat(await _json_body(request), server.config, server.model_name, _owner(request))
     return await answer_generation(request, server, chat.req, ChatAnswer(chat))
+
+
+async def embeddings(request: web.Request) -> web.StreamResponse:
+    body = await _json_body(request)
+    return json_response(await embed_routes.embeddings(request.app[SERVER], body, _owner(request)))
+
+
+async def rerank(request: web.Request) -> web.StreamResponse:
+    body = await _json_body(request)
+    return json_response(await embed_routes.rerank(request.app[SERVER], body, _owner(request)))
+
+
+async def score(request: web.Request) -> web.StreamResponse:
+    body = await _json_body(request)
+    return json_response(await embed_routes.score(request.app[SERVER], body, _owner(request)))
 
 
 # ---------------------------------------------------------------- Anthropic

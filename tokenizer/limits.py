@@ -11,6 +11,7 @@ characters alone proves it cannot fit is refused before it is tokenized (`check_
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from runtime.contracts.errors import InvalidRequest
 from runtime.contracts.sampling import SamplingParams
@@ -70,6 +71,18 @@ async def check_grammar(params: SamplingParams) -> None:
     spec = grammar_spec(params)
     if spec is not None:
         await validate_grammar_async(spec)
+
+
+def check_task(embed: bool, info: dict[str, Any]) -> None:
+    """What the served model can do, from the scheduler's ready info: an encoder only embeds,
+    and a decoder embeds by its last token only (a cached prefix keeps no hidden states)."""
+    pooling = (info.get("pooling") or {}).get("mode", "last")
+    if info.get("encoder") and not embed:
+        raise InvalidRequest.field("model", "this model is an encoder: it serves /v1/embeddings, /v1/rerank and "
+                                            "/v1/score, not generation")
+    if embed and not info.get("encoder") and pooling != "last":
+        raise InvalidRequest.field("model", f"this decoder's pooling {pooling!r} is not served: decoders embed "
+                                            "by their last token only")
 
 
 def check_prompt_count(count: int, limit: int, field: str) -> None:

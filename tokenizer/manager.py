@@ -51,6 +51,7 @@ from tokenizer.limits import (
     check_prompt_chars,
     check_prompt_count,
     check_request,
+    check_task,
     max_new_tokens,
 )
 from tokenizer.request_state import Group, ReqState, StateDelta, apply_output, take_delta
@@ -153,6 +154,7 @@ class TokenizerManager:
         self._check_alive()
         field = req.prompts[0].field
         try:
+            check_task(req.embed, self.scheduler_info)
             check_prompt_count(len(req.prompts), self.config.max_prompts_per_request, field)
             # NOTE: a request counts against the cap from the moment it is admitted, through the
             # awaits below, until _dispatch_all registers it: concurrent requests cannot all pass.
@@ -226,7 +228,7 @@ class TokenizerManager:
             sampling_params=dataclasses.replace(params, n=1),
             return_logprob=lp.enabled, logprob_start_len=lp.start_len, top_logprobs_num=lp.top_n,
             stream=req.stream, extra_key=req.cache_namespace, priority=req.priority or 0,
-            pin_prefix_len=pin_len, pin_ttl_s=pin_ttl,
+            pin_prefix_len=pin_len, pin_ttl_s=pin_ttl, embed=req.embed,
         )
         return Prepared(msg, prompt.rid, req.group_rid, params.n, lp.with_text, req.owner)
 

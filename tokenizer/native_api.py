@@ -27,14 +27,16 @@ HEALTH_TIMEOUT_S = 20.0
 
 
 async def health_generate(server: ServerState) -> bool:
-    """Run a one-token greedy generation; True if it finished within the timeout.
+    """Run a one-token greedy generation (an encoder: one embedding); True if it finished within
+    the timeout.
 
     NOTE: the probe's rid starts with HEALTH_RID_PREFIX, which the metrics skip.
     """
     tm = server.accepting_manager()
-    prompt = PromptRequest([0], f"{HEALTH_RID_PREFIX}{uuid.uuid4().hex}", {"max_new_tokens": 1, "temperature": 0},
-                           field="input_ids")
-    updates = await generate(tm, GenRequest([prompt]))
+    encoder = bool(tm.scheduler_info.get("encoder"))
+    sampling = {"max_new_tokens": 0} if encoder else {"max_new_tokens": 1, "temperature": 0}
+    prompt = PromptRequest([0], f"{HEALTH_RID_PREFIX}{uuid.uuid4().hex}", sampling, field="input_ids")
+    updates = await generate(tm, GenRequest([prompt], embed=encoder))
     with server.track():
         async with contextlib.aclosing(updates):  # type: ignore[type-var]
             try:

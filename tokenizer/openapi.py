@@ -23,6 +23,7 @@ from pydantic.json_schema import models_json_schema
 from tokenizer.anthropic.spec import CountBody, MessagesBody
 from tokenizer.errors import AUTH_EXEMPT_PATHS
 from tokenizer.native.spec import AbortBody, DetokenizeBody, GenerateBody, TokenizeBody
+from tokenizer.openai.embed_spec import EmbeddingBody, RerankBody, ScoreBody
 from tokenizer.openai.responses.spec import ResponseBody
 from tokenizer.openai.spec import ChatBody, CompletionBody
 
@@ -34,6 +35,7 @@ BODIES: dict[str, type[BaseModel]] = {
     "GenerateRequest": GenerateBody, "AbortRequest": AbortBody, "TokenizeRequest": TokenizeBody,
     "DetokenizeRequest": DetokenizeBody, "CompletionRequest": CompletionBody, "ChatCompletionRequest": ChatBody,
     "ResponseRequest": ResponseBody, "MessagesRequest": MessagesBody, "CountTokensRequest": CountBody,
+    "EmbeddingRequest": EmbeddingBody, "RerankRequest": RerankBody, "ScoreRequest": ScoreBody,
 }
 ERROR_TEXTS = {
     400: "invalid request: `param` names the field", 401: "missing or wrong API key",
@@ -86,6 +88,15 @@ def _answers() -> dict[str, Schema]:
         "ModelInfo": _obj(("served_model_name",), served_model_name=STR),
         "ServerInfo": _obj(("version",), version=STR),
         "Load": {"type": "array", "items": OBJ},
+        "EmbeddingList": _obj(("object", "data", "model", "usage"), object={"const": "list"},
+                              data={"type": "array", "items": _obj(("object", "index", "embedding"), object=STR,
+                                                                   index=INT, embedding={})}, model=STR, usage=OBJ),
+        "RerankResponse": _obj(("id", "results"), id=STR, model=STR, results={"type": "array", "items": _obj(
+            ("index", "relevance_score"), index=INT, relevance_score={"type": "number"}, document=OBJ)}, usage=OBJ,
+            meta=OBJ),
+        "ScoreResponse": _obj(("id", "object", "data", "usage"), id=STR, object={"const": "list"}, model=STR,
+                              data={"type": "array", "items": _obj(("index", "object", "score"), index=INT,
+                                                                   object=STR, score={"type": "number"})}, usage=OBJ),
     }
 
 
@@ -179,6 +190,12 @@ def _routes() -> list[Route]:
               {**_json(_ref("AnthropicMessage")), **SSE}, GENERATION_ERRORS, "AnthropicError"),
         Route("post", "/v1/messages/count_tokens", "count_tokens", "Anthropic's token count of a prompt",
               "CountTokensRequest", _json(_ref("MessageTokensCount")), BODY_ERRORS, "AnthropicError"),
+        Route("post", "/v1/embeddings", "embeddings", "OpenAI embeddings (float or base64)", "EmbeddingRequest",
+              _json(_ref("EmbeddingList")), GENERATION_ERRORS),
+        Route("post", "/v1/rerank", "rerank", "Rerank documents by cosine similarity (Cohere's and Jina's shape)",
+              "RerankRequest", _json(_ref("RerankResponse")), GENERATION_ERRORS),
+        Route("post", "/v1/score", "score", "Cosine similarity of text pairs (vLLM's shape)", "ScoreRequest",
+              _json(_ref("ScoreResponse")), GENERATION_ERRORS),
         Route("post", "/v1/responses", "create_response", "OpenAI Responses: create (stream: typed events)",
               "ResponseRequest", {**one, **SSE}, GENERATION_ERRORS + (404,)),
         Route("get", path, "get_response", "A stored or running response", None, one, (400, 404)),

@@ -140,6 +140,7 @@ class ReqState:
     output_top_logprobs: list[list[LogprobEntry] | None] | None = None
     folding: asyncio.Task[None] | None = None  # the last logprob fold still running off the loop
     taken: Cursor = field(default_factory=lambda: Cursor())  # what the consumer has taken
+    embedding: list[float] | None = None  # an embed request's pooled vector (BatchStrOut.embeddings)
 
     @classmethod
     def for_request(
@@ -200,6 +201,8 @@ def apply_output(state: ReqState, out: BatchStrOut, i: int, now: float, texts: T
         state.pinned_tokens = out.pinned_tokens[i]
     if i < len(out.queue_times) and out.queue_times[i] is not None:
         state.queue_time = out.queue_times[i]
+    if i < len(out.embeddings) and out.embeddings[i] is not None:
+        state.embedding = out.embeddings[i]
     if state.req.return_logprob:
         _apply_logprobs(state, out, i, texts if state.return_text_in_logprobs else _no_texts, offload)
     reason = out.finished_reasons[i]
@@ -310,6 +313,7 @@ class StateDelta:
     label: str
     latency: float
     pinned_tokens: int = 0
+    embedding: list[float] | None = None  # once, with the finish of an embed request
 
 
 def take_delta(state: ReqState) -> StateDelta:
@@ -330,4 +334,4 @@ def take_delta(state: ReqState) -> StateDelta:
     end = state.finished_time if state.finished_time is not None else time.perf_counter()
     return StateDelta(text, ids, logprobs, tops, inputs, state.prompt_tokens, state.completion_tokens,
                       state.cached_tokens, state.finish_reason if state.finished else None, state.label,
-                      end - state.created, state.pinned_tokens)
+                      end - state.created, state.pinned_tokens, state.embedding if state.finished else None)

@@ -68,7 +68,8 @@ class GenerateReq:
     `logprob_start_len` is the first prompt position whose input logprob is reported; -1 means
     output logprobs only. `extra_key` namespaces the prefix cache (requests with different keys
     never share cached KV). `prefill_only_cache` asks the scheduler to only prefill the prompt
-    into the prefix cache (warm-up) and generate nothing.
+    into the prefix cache (warm-up) and generate nothing. `embed` (with max_new_tokens 0) asks
+    for the prompt's pooled hidden state instead of tokens: `BatchTokenOut.embeddings`.
     """
 
     rid: str
@@ -86,6 +87,7 @@ class GenerateReq:
     # request has computed them (Anthropic cache_control breakpoints); 0: no pin.
     pin_prefix_len: int = 0
     pin_ttl_s: float = 0.0
+    embed: bool = False
 
 
 @message
@@ -184,6 +186,9 @@ class BatchTokenOut:
     # Prompt tokens this request's pin writes into the prefix cache (not cached before it), from its
     # admission on; 0 without a pin or when the pin was refused: Anthropic's cache_creation_input_tokens.
     pinned_tokens: list[int] = field(default_factory=list)
+    # An embed request's pooled vector (fp32 values, not normalized) on its finishing message; None
+    # otherwise. `runtime.contracts.pooling` says how the main process finishes it.
+    embeddings: list[list[float] | None] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------- detokenizer -> main process
@@ -223,6 +228,7 @@ class BatchStrOut:
     queue_times: list[float | None] = field(default_factory=list)  # passed through unchanged
     decode_states: int = 0  # the detokenizer's live decode states after this batch (leak checks)
     pinned_tokens: list[int] = field(default_factory=list)  # passed through unchanged ([] from old senders)
+    embeddings: list[list[float] | None] = field(default_factory=list)  # passed through unchanged
 
 
 # ---------------------------------------------------------------- control replies -> main process

@@ -55,6 +55,8 @@ class ForwardEntry:
     # (kernels/torch_backend.py). None: one new token is a generated one (the scheduler always
     # says which).
     generated: bool | None = None
+    # The prompt's last chunk of an embed request: the runner returns its last row's hidden state.
+    embed: bool = False
 
     @property
     def is_generated(self) -> bool:

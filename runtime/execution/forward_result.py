@@ -23,6 +23,9 @@ class ForwardResult:
     accepted: list[list[int]] | None = None
     # next_ids (and logprobs) on their way to the host: reading them is the step's one sync.
     pending: PendingHost | None = None
+    # Per entry: the last row's final hidden state (fp32, on the host) for embed entries, else None;
+    # None when no entry asked.
+    embeddings: list[list[float] | None] | None = None
 
     def host_next_ids(self) -> list[int]:
         return self._host()[0]

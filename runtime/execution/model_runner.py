@@ -153,6 +153,8 @@ class ModelRunner:
         hidden = self.model.forward(step.input_ids, step.meta.positions, self.backend)
         logits = self.model.compute_logits(hidden.index_select(0, step.last_rows))
         result = self._sample(entries, step, hidden, logits, keep_logits)
+        if any(e.embed for e in entries):
+            result.embeddings = last_hidden_rows(entries, hidden, step.last_rows)
         if any(e.draft_ids for e in entries):
             apply_draft_verification(self.model, entries, step.plan, hidden, result)
         return result
@@ -194,3 +196,14 @@ class ModelRunner:
     def prepare(self, entries: list[ForwardEntry], page_list: torch.Tensor | None = None) -> StepInputs:
         """The step's device inputs (step_inputs.prepare_step), no host sync."""
         return prepare_step(entries, self.page_size, self.req_to_token, self.future_tokens, self.device, page_list)
+
+
+def last_hidden_rows(
+    entries: list[ForwardEntry], hidden: torch.Tensor, last_rows: torch.Tensor
+) -> list[list[float] | None]:
+    """The embed entries' last-row hidden states (after the final norm), fp32 on the host: the
+    decoder's last-token pooling. Other entries get None."""
+    wanted = [i for i, e in enumerate(entries) if e.embed]
+    picks = last_rows.index_select(0, torch.tensor(wanted, dtype=torch.int64, device=last_rows.device))
+    vectors = iter(hidden.index_select(0, picks).float().cpu().tolist())
+    return [next(vectors) if e.embed else None for e in entries]

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 
 import torch
 
 from runtime.contracts.config import ServerConfig, read_model_json
+from runtime.contracts.encoder_config import EncoderConfig, is_encoder
 from runtime.contracts.errors import InvalidRequest
 from runtime.contracts.model_config import ModelConfig
 from runtime.execution.cpu_kernels import cpu_kernels_built
@@ -106,7 +108,10 @@ def resolve_config(config: ServerConfig) -> ServerConfig:
     if load_format == "gguf" and config.quantization != "none":
         raise InvalidRequest("a .gguf file's blocks are run as they are: no --quantization with them",
                              param="quantization")
-    model_config = ModelConfig.from_hf(read_model_json(model_path, "config.json"))
+    hf = read_model_json(model_path, "config.json")
+    if is_encoder(hf):
+        return resolve_encoder(config.replace(model_path=model_path, served_model_name=served_name), hf, device)
+    model_config = ModelConfig.from_hf(hf)
     check_tp(config.tp_size, model_config, device)
     dtype, why = resolve_dtype(config.dtype, model_config.torch_dtype, device)
     kv_dtype = dtype if config.kv_cache_dtype == "auto" else DTYPES[config.kv_cache_dtype]
@@ -170,3 +175,28 @@ def check_tp(tp_size: int, model_config: ModelConfig, device: torch.device) -> N
         raise InvalidRequest(
             f"tp_size {tp_size} needs {tp_size} GPUs; {torch.cuda.device_count()} are visible", param="tp_size"
         )
+
+
+def resolve_encoder(config: ServerConfig, hf: dict[str, Any], device: torch.device) -> ServerConfig:
+    """An encoder's config (scheduler/encoder_loop.py): fp32 unless a dtype is named, no KV cache,
+    graphs or overlap, one rank. The context defaults to sentence-transformers' `max_seq_length`
+    (the longest input the model was trained to embed; past it sentence-transformers truncates,
+    where this server refuses), at most max_position_embeddings."""
+    assert config.model_path is not None
+    cfg = EncoderConfig.from_hf(hf)
+    if config.tp_size > 1:
+        raise InvalidRequest("an encoder runs on one rank: no --tp-size", param="tp_size")
+    dtype = torch.float32 if config.dtype == "auto" else DTYPES[config.dtype]
+    st_max = read_model_json(config.model_path, "sentence_bert_config.json").get("max_seq_length")
+    context = config.context_length or min(int(st_max or cfg.max_position_embeddings), cfg.max_position_embeddings)
+    if context > cfg.max_position_embeddings:
+        raise InvalidRequest(f"context_length {context} exceeds the model's max_position_embeddings "
+                             f"{cfg.max_position_embeddings}", param="context_length")
+    logger.info("encoder %s: dtype %s, context %d (embeddings only)", cfg.architecture, dtype_name(dtype), context)
+    return config.replace(
+        tokenizer_path=config.tokenizer_path or config.model_path, device=device.type, dtype=dtype_name(dtype),
+        kv_cache_dtype=dtype_name(dtype), attention_backend="torch", disable_cuda_graph=True,
+        disable_overlap_schedule=True, context_length=context,
+        chunked_prefill_size=config.chunked_prefill_size or DEFAULT_CHUNK,
+        max_running_requests=config.max_running_requests or CPU_DEFAULT_MAX_RUNNING,
+    )

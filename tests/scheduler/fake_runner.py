@@ -88,6 +88,7 @@ class FakeResult:
     input_logprobs: list[list[float] | None]
     input_top_logprobs: list[list[TopK] | None]
     accepted: list[list[int]] | None = None
+    embeddings: list[list[float] | None] | None = None
 
     def host_next_ids(self) -> list[int]:
         return list(self.next_ids)
@@ -121,8 +122,10 @@ class FakeRunner:
         self.forward_count += 1
         self.log.append(entries)
         next_ids, accepted = [], []
+        embeddings: list[list[float] | None] = []
         for e in entries:
             seq = self._write(e)
+            embeddings.append([float(t) for t in seq] if e.embed else None)  # the tokens its KV holds
             drafts = e.draft_ids or []
             kept = self._verify(seq, e.prefix_len, drafts)
             accepted.append(kept)
@@ -141,6 +144,7 @@ class FakeRunner:
                             for e in entries],
             input_top_logprobs=[None for _ in entries],
             accepted=accepted if any(e.draft_ids for e in entries) else None,
+            embeddings=embeddings if any(e.embed for e in entries) else None,
         )
 
     def _write(self, e: ForwardEntry) -> list[int]:

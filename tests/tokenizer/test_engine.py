@@ -54,6 +54,17 @@ def engine() -> Iterator[Engine]:
     yield from _engine()
 
 
+def test_encode_embeds_like_the_http_route_and_shares_the_cache(engine: Engine) -> None:
+    prefix = "A shared start that the radix cache keeps for the second input. " * 6
+    (first,) = engine.encode([prefix + "One."])
+    (second,) = engine.encode(prefix + "Two.")  # inputs sent together may share a prefill instead
+    assert len(first["embedding"]) == 576 and abs(sum(v * v for v in first["embedding"]) - 1) < 1e-5
+    assert second["meta_info"]["cached_tokens"] > 50
+    (cut,) = engine.encode(prefix + "One.", dimensions=16)
+    assert len(cut["embedding"]) == 16
+    assert_idle_and_sound(engine)
+
+
 def _ids(results: list[dict]) -> list[list[int]]:
     return [r["output_ids"] for r in results]
 

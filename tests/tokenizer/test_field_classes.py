@@ -36,6 +36,11 @@ BASES: dict[str, tuple[str, dict[str, Any]]] = {  # path -> (body schema, a vali
     "/tokenize": ("TokenizeRequest", {"prompt": "hi"}),
     "/detokenize": ("DetokenizeRequest", {"tokens": [1]}),
     "/abort_request": ("AbortRequest", {"rid": "nobody-has-this-rid"}),
+    "/v1/embeddings": ("EmbeddingRequest", {"model": "m", "input": ["hi"], "encoding_format": "float",
+                                            "dimensions": 8}),
+    "/v1/rerank": ("RerankRequest", {"model": "m", "query": "hi", "documents": [{"text": "a"}], "top_n": 1,
+                                     "return_documents": True}),
+    "/v1/score": ("ScoreRequest", {"model": "m", "text_1": "hi", "text_2": ["a"]}),
 }
 SAMPLES = {"string": "x", "integer": 7, "number": 1.5, "boolean": True, "array": [1], "object": {"a": 1},
            "null": None}

@@ -109,6 +109,7 @@ class GenRequest:
     read: ReadOptions = ReadOptions()
     names: dict[str, str] = field(default_factory=dict)
     default_max_tokens: bool = False  # max_new_tokens fills the context (chat without max_tokens)
+    embed: bool = False  # each prompt's pooled hidden state, no tokens (max_new_tokens 0)
 
     @property
     def n(self) -> int:
