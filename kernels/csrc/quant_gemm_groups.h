@@ -153,8 +153,6 @@ void group_rows(const uint8_t* g, int64_t nblocks, const ActBlock* a, float out[
   for (int m = 0; m < MR; ++m) _mm256_storeu_ps(out[m], acc[m]);
 }
 
-#include "quant_gemm_kgroups.h"  // kgroup_rows: q5_0, q5_1 and the K-quants
-
 #if RS_VNNI
 // Two groups at once in 512-bit vectors, lanes 0-7 the first group's rows and 8-15 the second's:
 // each broadcast activation chunk then feeds 16 rows, which halves the broadcasts, the scale
@@ -228,6 +226,8 @@ void group_pair_rows(const uint8_t* g0, const uint8_t* g1, int64_t nblocks, cons
 }
 #endif
 
+#include "quant_gemm_kgroups.h"  // kgroup_rows (and kgroup_pair_rows): q5_0, q5_1, the K-quants
+
 // Groups [g_begin, g_end) against every activation row, stored into y [M, n_total] (+ bias).
 template <int F, int MR, typename T>
 void groups_into(const uint8_t* w, int64_t nblocks, const ActBlock* act, int64_t m0, int64_t g_begin, int64_t g_end,
@@ -235,10 +235,14 @@ void groups_into(const uint8_t* w, int64_t nblocks, const ActBlock* act, int64_t
   const int64_t stride = nblocks * QK / super_values<F>() * super_bytes<F>();  // one group's bytes
   int64_t g = g_begin;
 #if RS_VNNI
-  if constexpr (MR == 4 && F <= Q4_1) {
+  if constexpr (MR == 4) {
     float pair[MR][2 * GROUP_ROWS];
     for (; g + 2 <= g_end; g += 2) {
-      group_pair_rows<F, MR>(w + g * stride, w + (g + 1) * stride, nblocks, act + m0 * nblocks, pair);
+      if constexpr (F <= Q4_1) {
+        group_pair_rows<F, MR>(w + g * stride, w + (g + 1) * stride, nblocks, act + m0 * nblocks, pair);
+      } else {
+        kgroup_pair_rows<F, MR>(w + g * stride, w + (g + 1) * stride, nblocks, act + m0 * nblocks, pair);
+      }
       const int64_t n0 = g * GROUP_ROWS;
       const int rows = static_cast<int>(lesser(2 * GROUP_ROWS, n_total - n0));
       for (int m = 0; m < MR; ++m)
