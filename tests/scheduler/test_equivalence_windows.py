@@ -11,6 +11,7 @@ kernels run the windowed layers where the family allows them.
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 
@@ -66,17 +67,23 @@ def windowed_model(request: pytest.FixtureRequest, tmp_path_factory: pytest.Temp
     return str(path)
 
 
+def _in_waves(sched: Any, io: Any) -> dict[str, dict[str, Any]]:
+    """Request 1 alone, then the others: the second wave finds SHARED cached (with the radix cache)."""
+    workload = windowed_prompts()
+    results: dict[str, dict[str, Any]] = {}
+    for wave in ([1], [i for i in range(len(workload)) if i != 1]):
+        for i in wave:
+            submit(io, f"w{i}", workload[i][0], ignore_eos=True, **workload[i][1])
+        results.update(run_until_idle(sched, io))
+    return results
+
+
 def _run(path: str, config: Config) -> tuple[dict, int]:
     """(each request's tokens and finish, the most prompt tokens a request found cached)."""
     overlap, radix, chunk, page, mixed = config
     sched, io = make(path, max_total_tokens=4096, disable_overlap_schedule=not overlap, disable_radix_cache=not radix,
                      chunked_prefill_size=chunk, page_size=page, enable_mixed_chunk=mixed, dtype="float32")
-    workload = windowed_prompts()
-    results: dict = {}
-    for wave in ([1], [i for i in range(len(workload)) if i != 1]):  # the second wave finds SHARED cached
-        for i in wave:
-            submit(io, f"w{i}", workload[i][0], ignore_eos=True, **workload[i][1])
-        results.update(run_until_idle(sched, io))
+    results = _in_waves(sched, io)
     return {rid: (r["ids"], r["finish"]) for rid, r in results.items()}, max(r["cached"] for r in results.values())
 
 
@@ -92,3 +99,19 @@ def test_same_tokens_every_configuration(windowed_model: str, windowed_baseline:
     assert all(len(ids) == 16 for ids, _ in results.values())
     if config[1]:  # radix: a prefix longer than the window was served from the cache
         assert cached > WINDOW
+
+
+def test_same_tokens_with_two_tensor_parallel_ranks(windowed_model: str, windowed_baseline: dict) -> None:
+    """Each rank holds half the heads, with the same windows (rank 1 a real process)."""
+    from runtime.contracts.config import ServerConfig
+    from runtime.execution.resolve import resolve_config
+    from tests.runtime.parallel.tp_harness import tp_scheduler
+    from tests.scheduler.harness import FakeIO
+
+    config = resolve_config(ServerConfig(
+        model_path=windowed_model, device="cpu", dtype="float32", tp_size=2, max_total_tokens=4096,
+        max_running_requests=16, chunked_prefill_size=32, enable_mixed_chunk=True))
+    io = FakeIO()
+    with tp_scheduler(config, io) as sched:
+        results = _in_waves(sched, io)
+    assert {rid: (r["ids"], r["finish"]) for rid, r in results.items()} == windowed_baseline
