@@ -122,7 +122,8 @@ class GemmaModel(nn.Module):
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp, dtype, device)
         self.layers = nn.ModuleList(GemmaDecoderLayer(cfg, i, dtype, device, tp) for i in range(cfg.num_layers))
         self.norm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
-        self.normalizer = cfg.hidden_size**0.5
+        # HF multiplies by sqrt(hidden_size) rounded to the model dtype (a tensor of that dtype).
+        self.normalizer = float(torch.tensor(cfg.hidden_size**0.5, dtype=dtype))
         positions = cfg.max_position_embeddings
         self.rotary = RotaryEmbedding(cfg.head_dim, positions, cfg.rope_theta, cfg.rope_scaling, dtype, device)
         self.local_rotary = self.rotary if cfg.rope_local_theta is None else RotaryEmbedding(
@@ -134,7 +135,7 @@ class GemmaModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, backend: AttentionBackend) -> torch.Tensor:
         h = self.embed_tokens(input_ids)
-        h = h * torch.tensor(self.normalizer, dtype=h.dtype)  # HF rounds the factor to the model dtype
+        h = h * self.normalizer
         rows = self.rotary.lookup(positions)
         local = rows if self.local_rotary is self.rotary else self.local_rotary.lookup(positions)
         for layer in cast("list[GemmaDecoderLayer]", list(self.layers)):
