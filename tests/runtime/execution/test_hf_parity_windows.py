@@ -145,3 +145,39 @@ def test_greedy_tokens_match_hf(windowed_checkpoint) -> None:
             for _ in range(DECODE_STEPS):
                 tokens.append(int(hf(torch.tensor([tokens])).logits[0, -1].argmax()))
         assert got == tokens[len(prompt):]
+
+
+def test_decode_stack_reads_only_the_window(windowed_checkpoint) -> None:
+    """On GGUF blocks (q8_0) a decode step's layers run as one C++ call each (decode_stack) when
+    every layer has the same window, over the backend's windowed slots: the Python layers' logits,
+    bit for bit. Gemma never takes the stack."""
+    path, hf = windowed_checkpoint
+    h = StaticBatch.create(path, dtype="float32", quantization="q8_0", max_total_tokens=1024, max_running_requests=8)
+    stack = h.runner.model.model.decode_stack
+    if hf.config.model_type.startswith("gemma"):
+        assert stack is None
+        return
+    assert stack is not None
+
+    def decode_logits(use_stack: bool) -> list[torch.Tensor]:
+        h.runner.model.model.decode_stack = stack if use_stack else None
+        seqs = [h.new_seq(p) for p in _prompts()]
+        h.append(seqs, h.step(seqs))
+        out = []
+        for _ in range(4):
+            result = h.step(seqs, keep_logits=True)
+            out.append(result.last_logits.clone())
+            h.append(seqs, result)
+        h.release(seqs)
+        return out
+
+    ran = []
+    original = stack.run
+    stack.run = lambda *args: ran.append(original(*args)) or ran[-1]  # type: ignore[method-assign]
+    try:
+        stacked = decode_logits(True)
+    finally:
+        del stack.run
+    assert len(ran) == 4 and all(out is not None for out in ran), "every decode step ran through the stack"
+    for a, b in zip(stacked, decode_logits(False), strict=True):
+        assert torch.equal(a, b)
