@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from kernels.sliding_window import PerLayerBackend
 from tests.kernels import fake_flashinfer as fake
@@ -55,3 +56,19 @@ def test_windowed_runner_on_flashinfer_matches_torch_backend(tmp_path, fake_flas
     # Gemma rounds to bf16 at more points (four norms a layer, the scaled embedding): twice the
     # bound. A window off by one key is 5 to 50 times further off than that.
     assert max_logit_error(ours, torch_backend) < BF16_LOGIT_TOLERANCE * (2 if family.startswith("gemma") else 1)
+
+
+def test_graph_replay_with_per_layer_windows_matches_eager(tmp_path, fake_flashinfer) -> None:  # noqa: F811
+    """Decode graphs over a PerLayerBackend: each window's backend has its own graph wrappers."""
+    from tests.runtime.execution.test_cuda_graph import _decode_batch
+
+    runner = make_runner(_write(tmp_path / "m", "gemma2"), backend="fake-flashinfer", page_size=4, dtype="bfloat16")
+    decodes = _decode_batch(runner, [5, 20, 30])  # two of them past the window
+    eager = runner.forward(decodes, keep_logits=True)
+    runner.init_cuda_graphs(8, capture=False)
+    graph = runner.forward(decodes, keep_logits=True)  # 3 rows in the bucket of 4
+    assert graph.host_next_ids() == eager.host_next_ids()
+    torch.testing.assert_close(graph.last_logits, eager.last_logits, rtol=1e-4, atol=1e-4)
+    graph_plans = [args for kind, args in fake.PLANS[-2:]]
+    assert [len(a["last_page_len"]) for a in graph_plans] == [4, 4]  # both windows' graph wrappers planned
+    assert {a["window_left"] for a in graph_plans} == {WINDOW - 1, -1}
