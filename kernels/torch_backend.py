@@ -89,10 +89,10 @@ class TorchAttentionBackend(AttentionBackend):
             return
         # Mixed: the rows of short generated extends (decodes, speculative verify steps) attend as
         # decode rows together, row j of an n-token extend over the first seq_len - n + 1 + j
-        # slots; their query rows are gathered, then scattered. Prompt tokens always take the
-        # prefill path and generated ones the decode path, however the batch is made up: the two
-        # kernels sum in different orders, so a row's result would otherwise depend on how its
-        # prompt was chunked or what it was batched with.
+        # slots (with a window, the last `window` of them); their query rows are gathered, then
+        # scattered. Prompt tokens always take the prefill path and generated ones the decode
+        # path, however the batch is made up: the two kernels sum in different orders, so a row's
+        # result would otherwise depend on how its prompt was chunked or what it was batched with.
         short = [i for i, n in enumerate(meta.extend_lens) if n <= DECODE_ROWS_EXTEND and meta.is_generated(i)]
         self.mixed_rows: torch.Tensor | None = None
         if short:
@@ -103,7 +103,7 @@ class TorchAttentionBackend(AttentionBackend):
                 prefix = meta.seq_lens[i] - meta.extend_lens[i]
                 for j in range(meta.extend_lens[i]):
                     end = kv_starts[i] + prefix + 1 + j
-                    keys = min(prefix + 1 + j, self.window or end)
+                    keys = prefix + 1 + j if self.window is None else min(prefix + 1 + j, self.window)
                     pieces.append(slots[end - keys : end])
                     lens.append(keys)
                     rows.append(q_starts[i] + j)

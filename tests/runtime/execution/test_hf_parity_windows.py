@@ -34,7 +34,8 @@ def _config(arch: str) -> transformers.PretrainedConfig:
     if arch == "gemma2":  # sliding, global, sliding; caps small enough to bite
         return transformers.Gemma2Config(**COMMON, **GEMMA, attn_logit_softcapping=2.0, final_logit_softcapping=3.0)
     return transformers.Gemma3TextConfig(  # local layers with their own rope base, global ones scaled; tied head
-        **{**COMMON, "tie_word_embeddings": True}, **GEMMA, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        **{**COMMON, "tie_word_embeddings": True}, **GEMMA,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
         rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                          "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}})
 
