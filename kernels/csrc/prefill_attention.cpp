@@ -184,9 +184,11 @@ struct Tile {
   void compute(Scratch<D>& s) const {
     const int64_t rows = m * G;
     // Keys begin .. end-1; the causal mask applies from key `first` on (never without it).
-    // With a window, keys before `windowed` are masked for some rows, and none before `begin` is seen.
+    // With a window, keys before `windowed` are masked for some rows, and none before `lo` is seen.
+    // Blocks start at multiples of kKeys however the rows are tiled (as without a window): a row's
+    // sums then do not depend on how its prompt was chunked (batch invariance).
     const bool windowed_tile = causal && window > 0;
-    const int64_t lo = windowed_tile ? std::max<int64_t>(0, prefix + j0 - window + 1) : 0;
+    const int64_t lo = windowed_tile ? std::max<int64_t>(0, prefix + j0 - window + 1) / kKeys * kKeys : 0;
     const int64_t begin = causal ? lo : key_begin, end = causal ? prefix + j0 + m : key_end;
     const int64_t first = causal ? prefix + j0 : end;
     const int64_t windowed = windowed_tile ? std::max<int64_t>(0, prefix + j0 + m - window) : 0;
@@ -296,10 +298,11 @@ struct Tile {
   // running sum and O^T rescaled by exp(old max - new max). A masked key weighs exp(kExpFloor)
   // against the row's max: nothing, once the row has seen a key. With a window a row may see no
   // key of a whole block: its weights there are zeroed (against a max of kLowest a masked key
-  // would weigh 1), so its sum and O^T stay exactly 0 until its first key.
+  // would weigh 1) and its max reset, so it is left exactly as before the block.
   static void zero_unseen(Scratch<D>& s, int64_t n, const bool* unseen) {
     for (int64_t r = 0; r < kRows; ++r) {
       if (!unseen[r]) continue;
+      s.row_max[r] = kLowest;  // as if this block had not been there (the next block's max is its own)
       s.row_sum[r] = 0.0f;
       for (int64_t l = 0; l < n; ++l) s.st[l * kRows + r] = 0.0f;
     }

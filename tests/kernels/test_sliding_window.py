@@ -179,3 +179,26 @@ def test_decode_kernel_inputs_hold_the_windowed_slots() -> None:
     per_layer = PerLayerBackend({6: backend, None: TorchAttentionBackend(pool, 4, 2, D, _kernels(True))}, (6, None))
     per_layer.plan(meta)
     assert per_layer.decode_kernel_inputs() is None  # layers would need different slots
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(2, 2), (9, 3)])
+@pytest.mark.parametrize("window", [5, 40])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpp_prefill_rows_do_not_depend_on_chunking_with_a_window(heads: int, kv_heads: int, window: int,
+                                                                   dtype: torch.dtype) -> None:
+    """Batch invariance (as tests/kernels/csrc/test_prefill_attention.py checks it without a
+    window): a row computed whole or in a chunk over the cached rows before it, bit for bit."""
+    kernels = _kernels(True)
+    gen = torch.Generator().manual_seed(9)
+    n = 101
+    k_pool, v_pool = (torch.randn(n + 1, kv_heads, D, generator=gen).to(dtype) for _ in range(2))
+    q = torch.randn(n, heads, D, generator=gen).to(dtype)
+    slots = torch.arange(1, n + 1)
+    indptr = lambda *xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
+    whole = torch.empty_like(q)
+    kernels.prefill_attention(q, k_pool, v_pool, slots, indptr(0, n), indptr(0, n), D**-0.5, whole, window)
+    for start in (1, 5, 32, 47, 48, 64, 100):
+        chunk = torch.empty_like(q[start:])
+        kernels.prefill_attention(q[start:].contiguous(), k_pool, v_pool, slots, indptr(0, n - start), indptr(0, n),
+                                  D**-0.5, chunk, window)
+        assert torch.equal(chunk, whole[start:]), start
