@@ -197,7 +197,7 @@ FUSED_SHARDS = {
 
 
 class CausalLM(nn.Module):
-    """The decoder plus lm_head; architecture classes (llama.py, phi3.py, qwen2.py, qwen3.py) subclass it."""
+    """The decoder plus lm_head; architecture classes (llama.py, phi3.py, qwen2.py, qwen3.py, gemma.py) subclass it."""
 
     architectures: tuple[str, ...] = ()  # the HF `architectures` names a subclass serves
 
