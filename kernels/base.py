@@ -59,6 +59,22 @@ class ForwardMetadata:
         return [s - e for s, e in zip(self.seq_lens, self.extend_lens)]
 
 
+@dataclass(frozen=True)
+class AttentionOptions:
+    """What a model's attention asks beyond causal softmax(q k^T / sqrt(head_dim)) v, for the
+    layers one backend serves (kernels/sliding_window.py puts layers of different windows on
+    backends of their own)."""
+
+    scale: float | None = None  # the softmax scale; None: head_dim ** -0.5
+    softcap: float | None = None  # scores -> softcap * tanh(scores / softcap) before the softmax
+    # A query at position q sees the keys at q - window < p <= q (Hugging Face's sliding-window
+    # masks); None: every key up to q.
+    window: int | None = None
+
+    def softmax_scale(self, head_dim: int) -> float:
+        return self.scale if self.scale is not None else head_dim**-0.5
+
+
 @dataclass
 class DecodeKernelInputs:
     """A decode batch as kernels/csrc/decode_layer.cpp takes it."""

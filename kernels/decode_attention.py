@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels import cascade
+from kernels.eager_attention import eager_attention
 from kernels.kv_pool import KVPool
 
 Gather = Callable[[int, torch.Tensor, str], tuple[torch.Tensor, torch.Tensor]]
@@ -42,11 +43,15 @@ def kernel_supports(dtype: torch.dtype, head_dim: int, group: int) -> bool:
 
 class DecodeAttention:
     def __init__(self, pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int, gather: Gather,
-                 kernels: ModuleType | None, cascade: bool = False) -> None:
+                 kernels: ModuleType | None, cascade: bool = False, scale: float | None = None,
+                 softcap: float | None = None) -> None:
+        """`softcap`: scores capped before the softmax (Gemma 2), by the torch way only."""
+        assert softcap is None or (kernels is None and not cascade), "soft-capping runs the torch way only"
         self.pool = pool
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.group = num_heads // num_kv_heads
-        self.scale = head_dim**-0.5
+        self.scale = scale if scale is not None else head_dim**-0.5
+        self.softcap = softcap
         self.gather = gather
         self.kernels = kernels if kernel_supports(pool.dtype, head_dim, self.group) else None
         self.cascade = cascade
@@ -109,6 +114,8 @@ class DecodeAttention:
         mask = None if self.mask is None else self.mask.to(q.dtype)
         if with_lse:
             return cascade.attend(q_folded, k_all, v_all, mask, self.scale)
+        if self.softcap is not None:
+            return eager_attention(q_folded, k_all, v_all, mask, self.scale, self.softcap), None
         return F.scaled_dot_product_attention(q_folded, k_all, v_all, attn_mask=mask, scale=self.scale), None
 
     def _shared(self, layer_id: int, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

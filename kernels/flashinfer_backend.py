@@ -14,6 +14,9 @@ How it is used, and why:
 - plan() stages its scheduling data in a pinned host buffer and queues an unfenced copy of it:
   the wrappers share two such buffers, used alternately and guarded by events
   (kernels/flashinfer_staging.py), so no plan() overwrites data a queued copy has yet to read.
+- `AttentionOptions` go to plan(): `sm_scale`, `logits_soft_cap` and `window_left` (FlashInfer's
+  window counts the keys left of the query: HF's window of w keys, the query's own included, is
+  window_left = w - 1). They are passed only when set, so a plain model plans as before.
 - CUDA graphs: one decode wrapper per captured batch size in graph mode, over slices of shared
   index buffers sized for the largest bucket; planned before each replay, its run() captured.
 """
@@ -24,7 +27,7 @@ from typing import Any
 
 import torch
 
-from kernels.base import AttentionBackend, ForwardMetadata
+from kernels.base import AttentionBackend, AttentionOptions, ForwardMetadata
 from kernels.flashinfer_staging import PlanStaging
 from kernels.flashinfer_support import PREFILL_BACKEND, WORKSPACE_BYTES, decode_uses_tensor_cores, import_flashinfer
 from kernels.kv_pool import KVPool
@@ -35,7 +38,7 @@ class FlashInferAttentionBackend(AttentionBackend):
 
     def __init__(
         self, pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int, q_dtype: torch.dtype,
-        workspace_bytes: int = WORKSPACE_BYTES,
+        workspace_bytes: int = WORKSPACE_BYTES, options: AttentionOptions | None = None,
     ) -> None:
         flashinfer = import_flashinfer()
         self.flashinfer = flashinfer
@@ -44,6 +47,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.q_dtype = q_dtype
+        self.options = _plan_options(options or AttentionOptions())
         kv_dtype = str(pool.dtype).removeprefix("torch.")  # float16 / bfloat16
         self.use_tensor_cores = decode_uses_tensor_cores(num_heads, num_kv_heads, kv_dtype)
         # FlashInfer asks for a zeroed workspace on first use (its split-KV kernels read regions
@@ -73,6 +77,7 @@ class FlashInferAttentionBackend(AttentionBackend):
             q_data_type=self.q_dtype,
             kv_data_type=self.pool.dtype,
             non_blocking=True,
+            **self.options,
         )
 
     def plan(self, meta: ForwardMetadata) -> None:
@@ -134,3 +139,15 @@ class FlashInferAttentionBackend(AttentionBackend):
         self.pool.write(layer_id, meta.out_cache_loc, k, v)
         out = self.wrapper.run(q.contiguous(), self.pool.paged(layer_id))
         return out.reshape(q.shape[0], self.num_heads * self.head_dim)
+
+
+def _plan_options(options: AttentionOptions) -> dict[str, Any]:
+    """plan()'s keywords for the options that are set."""
+    planned: dict[str, Any] = {}
+    if options.scale is not None:
+        planned["sm_scale"] = options.scale
+    if options.softcap is not None:
+        planned["logits_soft_cap"] = options.softcap
+    if options.window is not None:
+        planned["window_left"] = options.window - 1
+    return planned

@@ -42,7 +42,9 @@ from kernels.flashinfer_support import decode_uses_tensor_cores
 
 # After the dtypes and head sizes, gen_batch_prefill_module / gen_batch_decode_module take
 # pos_encoding_mode (0: NONE), use_sliding_window, use_logits_soft_cap and (prefill only)
-# use_fp16_qk_reduction. Our plan() calls leave all of them at their defaults.
+# use_fp16_qk_reduction. Our plan() calls leave all of them at their defaults, except for a model
+# with a sliding window or attention soft cap (Mistral v0.1, Phi-3-mini-4k, Gemma): those variants
+# are not built here, and FlashInfer compiles them on first use.
 _POS_ENCODING_NONE = 0
 FUSED_OPS = ("norm", "rope", "silu_and_mul")
 ELEMENTWISE = (*FUSED_OPS, "sampling")

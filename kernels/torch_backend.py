@@ -11,6 +11,11 @@ one call per layer for every request, straight from the pool) when it is built a
 instance for the shapes; else one attention per request with an explicit causal mask offset by
 the cached prefix length (SDPA in fp32; in bf16 two GEMMs and a softmax, which run far faster
 there). A mixed batch (prefill chunks plus running decodes) does both.
+
+`AttentionOptions` (kernels/base.py) add a softmax scale, a sliding window (decode rows get only
+their last `window` slots, kernels/sliding_window.py; prefill rows are masked, in the C++ kernel
+too) and soft-capping, which no fused kernel here does: a soft-capped backend runs every row on
+the torch paths (kernels/eager_attention.py).
 """
 
 from __future__ import annotations
@@ -20,9 +25,11 @@ from types import ModuleType
 import torch
 import torch.nn.functional as F
 
-from kernels.base import AttentionBackend, DecodeKernelInputs, ForwardMetadata
+from kernels.base import AttentionBackend, AttentionOptions, DecodeKernelInputs, ForwardMetadata
 from kernels.decode_attention import DecodeAttention, kernel_supports
+from kernels.eager_attention import eager_attention
 from kernels.kv_pool import KVPool
+from kernels.sliding_window import last_keys, visible
 
 
 def token_slots(meta: ForwardMetadata) -> torch.Tensor:
@@ -48,21 +55,28 @@ class TorchAttentionBackend(AttentionBackend):
     """Paged prefill and decode attention over a `KVPool`, in plain torch."""
 
     def __init__(self, pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int,
-                 kernels: ModuleType | None = None, cascade: bool = False) -> None:
+                 kernels: ModuleType | None = None, cascade: bool = False,
+                 options: AttentionOptions | None = None) -> None:
         """`kernels`: our built C++ CPU kernels (`runtime.execution.cpu_kernels`), or None for torch only.
-        `cascade`: decode rows sharing a long KV prefix attend to it once (kernels/decode_attention.py)."""
+        `cascade`: decode rows sharing a long KV prefix attend to it once (kernels/decode_attention.py).
+        `options`: scale, window and soft cap (default: none)."""
         assert num_heads % num_kv_heads == 0, (num_heads, num_kv_heads)
+        options = options or AttentionOptions()
         self.pool = pool
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.group = num_heads // num_kv_heads
         self.head_dim = head_dim
-        self.scale = head_dim**-0.5
+        self.scale = options.softmax_scale(head_dim)
+        self.window, self.softcap = options.window, options.softcap
+        if self.softcap is not None:  # no kernel here caps the scores; nor does the cascade's merge
+            kernels, cascade = None, False
         self.meta: ForwardMetadata | None = None
         # Gathered K/V land in buffers reused by every layer and batch: fresh multi-MB tensors
         # per layer cost a page fault per 4 KiB on CPU, which dominated long-context decode.
         self._gather_bufs: dict[str, list[torch.Tensor]] = {}
-        self.decoder = DecodeAttention(pool, num_heads, num_kv_heads, head_dim, self._gather, kernels, cascade)
+        self.decoder = DecodeAttention(pool, num_heads, num_kv_heads, head_dim, self._gather, kernels, cascade,
+                                       self.scale, self.softcap)
         # The prefill kernel has the decode kernel's instances (dtypes, head sizes, groups).
         self.extend_kernel = kernels if kernel_supports(pool.dtype, head_dim, self.group) else None
 
@@ -71,14 +85,14 @@ class TorchAttentionBackend(AttentionBackend):
         slots = token_slots(meta)
         self.decode = meta.is_decode
         if self.decode:
-            self.decoder.plan(slots, meta.seq_lens)
+            self.decoder.plan(*last_keys(slots, meta.seq_lens, self.window))
             return
         # Mixed: the rows of short generated extends (decodes, speculative verify steps) attend as
         # decode rows together, row j of an n-token extend over the first seq_len - n + 1 + j
-        # slots; their query rows are gathered, then scattered. Prompt tokens always take the
-        # prefill path and generated ones the decode path, however the batch is made up: the two
-        # kernels sum in different orders, so a row's result would otherwise depend on how its
-        # prompt was chunked or what it was batched with.
+        # slots (with a window, the last `window` of them); their query rows are gathered, then
+        # scattered. Prompt tokens always take the prefill path and generated ones the decode
+        # path, however the batch is made up: the two kernels sum in different orders, so a row's
+        # result would otherwise depend on how its prompt was chunked or what it was batched with.
         short = [i for i, n in enumerate(meta.extend_lens) if n <= DECODE_ROWS_EXTEND and meta.is_generated(i)]
         self.mixed_rows: torch.Tensor | None = None
         if short:
@@ -86,10 +100,12 @@ class TorchAttentionBackend(AttentionBackend):
             q_starts = _starts(meta.extend_lens)
             pieces, lens, rows = [], [], []
             for i in short:
-                visible = meta.seq_lens[i] - meta.extend_lens[i]
+                prefix = meta.seq_lens[i] - meta.extend_lens[i]
                 for j in range(meta.extend_lens[i]):
-                    pieces.append(slots[kv_starts[i] : kv_starts[i] + visible + 1 + j])
-                    lens.append(visible + 1 + j)
+                    end = kv_starts[i] + prefix + 1 + j
+                    keys = prefix + 1 + j if self.window is None else min(prefix + 1 + j, self.window)
+                    pieces.append(slots[end - keys : end])
+                    lens.append(keys)
                     rows.append(q_starts[i] + j)
             self.decoder.plan(torch.cat(pieces), lens)
             self.mixed_rows = torch.tensor(rows, dtype=torch.int64, device=slots.device)
@@ -104,8 +120,8 @@ class TorchAttentionBackend(AttentionBackend):
             self.q_indptr = torch.tensor([*_starts(meta.extend_lens), sum(meta.extend_lens)], dtype=torch.int64)
             self.kv_indptr = torch.tensor([*_starts(kv_lens), sum(kv_lens)], dtype=torch.int64)
             return
-        # Per request not in `skip`: (query row range, KV slots of its whole sequence, causal mask,
-        # cached prefix length: the mask's first columns, all visible).
+        # Per request not in `skip`: (query row range, KV slots of the keys its rows may see, mask,
+        # how many of the mask's first columns every row sees).
         self.extend_plan: list[tuple[int, int, torch.Tensor, torch.Tensor | None, int]] = []
         q_start, kv_start = 0, 0
         device = slots.device
@@ -115,9 +131,11 @@ class TorchAttentionBackend(AttentionBackend):
                 kv_start += seq_len
                 continue
             prefix_len = seq_len - ext_len
-            req_slots = slots[kv_start : kv_start + seq_len]
+            # With a window, keys before the first row's window are left out.
+            first = 0 if self.window is None else max(0, prefix_len + 1 - self.window)
+            req_slots = slots[kv_start + first : kv_start + seq_len]
             q_pos = torch.arange(prefix_len, seq_len, device=device)
-            allowed = torch.arange(seq_len, device=device)[None, :] <= q_pos[:, None]  # [ext, seq]
+            allowed = visible(q_pos, torch.arange(first, seq_len, device=device), self.window)  # [ext, keys]
             # Folding repeats each query row once per head in the group: same mask per repeat.
             # NOTE: an additive float mask keeps SDPA on its flash kernel (a bool mask is slower).
             mask = None
@@ -125,13 +143,14 @@ class TorchAttentionBackend(AttentionBackend):
                 mask = torch.zeros(allowed.shape, dtype=self.pool.dtype, device=device)
                 mask.masked_fill_(~allowed, float("-inf"))
                 mask = mask.repeat(self.group, 1)
-            self.extend_plan.append((q_start, ext_len, req_slots, mask, prefix_len))
+            always = prefix_len if self.window is None else 0
+            self.extend_plan.append((q_start, ext_len, req_slots, mask, always))
             q_start += ext_len
             kv_start += seq_len
 
     def decode_kernel_inputs(self) -> DecodeKernelInputs | None:
         decoder = self.decoder
-        if not self.decode or decoder.kernels is None:
+        if not self.decode or decoder.kernels is None or self.softcap is not None:
             return None
         assert self.meta is not None
         return DecodeKernelInputs(self.meta.out_cache_loc, decoder.slots, decoder.indptr, decoder.shared_index,
@@ -168,7 +187,7 @@ class TorchAttentionBackend(AttentionBackend):
             q3 = q.to(self.pool.dtype).contiguous().view(q.shape[0], self.num_heads, d)
             o3 = torch.empty_like(q3)
             self.extend_kernel.prefill_attention(q3, self.pool.k[layer_id], self.pool.v[layer_id], self.kernel_slots,
-                                                 self.q_indptr, self.kv_indptr, self.scale, o3)
+                                                 self.q_indptr, self.kv_indptr, self.scale, o3, self.window or 0)
             return o3.view(q.shape[0], -1).to(q.dtype)
         out = torch.empty((q.shape[0], self.num_heads * d), dtype=q.dtype, device=q.device)
         for q_start, ext_len, req_slots, mask, prefix_len in self.extend_plan:
@@ -181,7 +200,9 @@ class TorchAttentionBackend(AttentionBackend):
             v_req = v_req.transpose(0, 1).unsqueeze(0).to(q.dtype)
             if mask is not None and mask.dtype != q.dtype:
                 mask = mask.to(q.dtype)
-            if q.dtype == torch.bfloat16:
+            if self.softcap is not None:
+                o = eager_attention(q_req[0], k_req[0], v_req[0], mask, self.scale, self.softcap)
+            elif q.dtype == torch.bfloat16:
                 o = _gemm_attention(q_req[0], k_req[0], v_req[0], mask, prefix_len, self.scale)
             else:
                 o = F.scaled_dot_product_attention(q_req, k_req, v_req, attn_mask=mask, scale=self.scale)

@@ -35,7 +35,7 @@ at::Tensor dense_gemv(const at::Tensor& x, const at::Tensor& w, const c10::optio
 
 // prefill_attention.cpp (prefill_attention writes `out`)
 void prefill_attention(at::Tensor q, at::Tensor k_pool, at::Tensor v_pool, at::Tensor slots, at::Tensor q_indptr,
-                       at::Tensor kv_indptr, double scale, at::Tensor out);
+                       at::Tensor kv_indptr, double scale, at::Tensor out, int64_t window);
 std::vector<at::Tensor> shared_prefix_attention(at::Tensor q, at::Tensor k_pool, at::Tensor v_pool, at::Tensor slots,
                                                 double scale);
 

@@ -21,8 +21,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dense_gemv", &radixserve::dense_gemv, "x [M <= 16, K] @ W^T (+ bias) on a plain row-major fp32 or bf16 weight",
         arg("x"), arg("w"), arg("bias") = pybind11::none());
   m.def("prefill_attention", &radixserve::prefill_attention,
-        "paged causal prefill attention over one layer of the KV pool, into out [T, H, D]", arg("q"), arg("k_pool"),
-        arg("v_pool"), arg("slots"), arg("q_indptr"), arg("kv_indptr"), arg("scale"), arg("out"));
+        "paged causal prefill attention over one layer of the KV pool (a row sees its last `window` keys; 0: all), "
+        "into out [T, H, D]", arg("q"), arg("k_pool"), arg("v_pool"), arg("slots"), arg("q_indptr"), arg("kv_indptr"),
+        arg("scale"), arg("out"), arg("window") = 0);
   m.def("rotary", &radixserve::rotary, "rotate_half rotary embedding of x [T, H, D] by a [T, 2D] cos/sin table");
   m.def("rms_norm", &radixserve::rms_norm, "(norm(x [+ residual]) * weight, x [+ residual]); fp32 math", arg("x"),
         arg("residual"), arg("weight"), arg("eps"));

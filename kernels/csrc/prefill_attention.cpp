@@ -9,7 +9,8 @@
 // Layout: q [T, H, D]; k_pool, v_pool [S, KVH, D] (one layer of the pool, contiguous); slots
 // int64 [N]; request b's query rows are q[q_indptr[b] : q_indptr[b+1]] (n_b rows) and its KV
 // slots slots[kv_indptr[b] : kv_indptr[b+1]] (L_b >= n_b: the first L_b - n_b are its cached
-// prefix); its row j sees keys 0 .. L_b - n_b + j. A request with no KV slots is skipped and its
+// prefix); its row j sees keys 0 .. L_b - n_b + j (with a sliding `window` > 0, only the last
+// `window` of them: keys p with q - window < p <= q, Hugging Face's convention). A request with no KV slots is skipped and its
 // rows of `out` are left as they are (a mixed batch attends to short extends as decode rows).
 // H = KVH * group, D 64 or 128, group 1 to 8; fp32 or bf16 (the pool's dtype must match q's),
 // fp32 scores and accumulation; out [T, H, D] in q's dtype.
@@ -133,6 +134,7 @@ struct Scratch {
   alignas(64) float st[kKeys * kRows];  // S^T, then P^T
   float row_max[kRows], row_sum[kRows], alpha[kRows];
   int64_t last_key[kRows];              // the last key each row sees
+  int64_t first_key[kRows];             // and the first (0 without a window)
   alignas(64) uint32_t qp[D / 2 * kRows];  // with vdpbf16ps: Q^T in bf16 pairs, unscaled
   alignas(64) uint32_t kp[kKeys * D / 2];  // and the K rows as they are
   alignas(64) uint32_t vp[kKeys / 2 * D];  // and V's rows 2i and 2i+1 interleaved: pair (i, d) at i * D + d
@@ -155,6 +157,7 @@ struct Tile {
   // and run() leaves the result in the scratch for store_partial(). Causal: keys from 0.
   bool causal = true;
   int64_t key_begin = 0, key_end = 0;
+  int64_t window = 0;  // causal only: a row sees its last `window` keys (0: all)
 
   void run(Scratch<D>& s) const {
     compute(s);
@@ -181,11 +184,18 @@ struct Tile {
   void compute(Scratch<D>& s) const {
     const int64_t rows = m * G;
     // Keys begin .. end-1; the causal mask applies from key `first` on (never without it).
-    const int64_t begin = causal ? 0 : key_begin, end = causal ? prefix + j0 + m : key_end;
+    // With a window, keys before `windowed` are masked for some rows, and none before `lo` is seen.
+    // Blocks start at multiples of kKeys however the rows are tiled (as without a window): a row's
+    // sums then do not depend on how its prompt was chunked (batch invariance).
+    const bool windowed_tile = causal && window > 0;
+    const int64_t lo = windowed_tile ? std::max<int64_t>(0, prefix + j0 - window + 1) / kKeys * kKeys : 0;
+    const int64_t begin = causal ? lo : key_begin, end = causal ? prefix + j0 + m : key_end;
     const int64_t first = causal ? prefix + j0 : end;
+    const int64_t windowed = windowed_tile ? std::max<int64_t>(0, prefix + j0 + m - window) : 0;
     for (int64_t r = 0; r < kRows; ++r) {
       const int64_t pos = std::min(r / G, m - 1);  // padding lanes copy the last row's limit
       s.last_key[r] = causal ? prefix + j0 + pos : end - 1;
+      s.first_key[r] = windowed_tile ? std::max<int64_t>(0, prefix + j0 + pos - window + 1) : 0;
       s.row_max[r] = kLowest;
       s.row_sum[r] = 0.0f;
       const T* qr = q + (j0 + pos) * q_stride + (r % G) * D;
@@ -197,7 +207,7 @@ struct Tile {
       const int64_t n = std::min(kKeys, end - l0);
       load_block(s, l0, n, end);
       score_block(s, n);
-      if (l0 + n - 1 > first) mask(s, l0, n);
+      if (l0 + n - 1 > first || l0 < windowed) mask(s, l0, n);
       softmax_step(s, n);
       value_block(s, n);
     }
@@ -277,22 +287,38 @@ struct Tile {
     }
   }
 
-  // Keys past a row's last key score kLowest (their exp is 0).
+  // Keys past a row's last key, or before its first, score kLowest (their weight is 0).
   static void mask(Scratch<D>& s, int64_t l0, int64_t n) {
     for (int64_t l = 0; l < n; ++l)
       for (int64_t r = 0; r < kRows; ++r)
-        if (l0 + l > s.last_key[r]) s.st[l * kRows + r] = kLowest;
+        if (l0 + l > s.last_key[r] || l0 + l < s.first_key[r]) s.st[l * kRows + r] = kLowest;
   }
 
   // The online softmax over one block: new running max, P^T = exp(S^T - max) in place, the
-  // running sum and O^T rescaled by exp(old max - new max). The first block holds the first key,
-  // which every row sees, so each max is finite from then on.
+  // running sum and O^T rescaled by exp(old max - new max). A masked key weighs exp(kExpFloor)
+  // against the row's max: nothing, once the row has seen a key. With a window a row may see no
+  // key of a whole block: its weights there are zeroed (against a max of kLowest a masked key
+  // would weigh 1) and its max reset, so it is left exactly as before the block.
+  static void zero_unseen(Scratch<D>& s, int64_t n, const bool* unseen) {
+    for (int64_t r = 0; r < kRows; ++r) {
+      if (!unseen[r]) continue;
+      s.row_max[r] = kLowest;  // as if this block had not been there (the next block's max is its own)
+      s.row_sum[r] = 0.0f;
+      for (int64_t l = 0; l < n; ++l) s.st[l * kRows + r] = 0.0f;
+    }
+  }
+
   static void softmax_step(Scratch<D>& s, int64_t n) {
     float top[kRows];
     std::copy(s.row_max, s.row_max + kRows, top);
     for (int64_t l = 0; l < n; ++l)
 #pragma omp simd
       for (int64_t r = 0; r < kRows; ++r) top[r] = std::max(top[r], s.st[l * kRows + r]);
+    bool unseen[kRows], any_unseen = false;  // rows that have seen no key yet (windows only)
+    for (int64_t r = 0; r < kRows; ++r) {
+      unseen[r] = top[r] == kLowest;
+      if (unseen[r]) top[r] = 0.0f, any_unseen = true;
+    }
 #pragma omp simd
     for (int64_t r = 0; r < kRows; ++r) {
       s.alpha[r] = std::exp(std::max(s.row_max[r] - top[r], kExpFloor));  // vectorized by libmvec (needs -ffast-math)
@@ -306,6 +332,7 @@ struct Tile {
         s.st[l * kRows + r] = p;
         s.row_sum[r] += p;
       }
+    if (any_unseen) zero_unseen(s, n, unseen);
     for (int64_t d = 0; d < D; ++d)
 #pragma omp simd
       for (int64_t r = 0; r < kRows; ++r) s.ot[d * kRows + r] *= s.alpha[r];
@@ -319,7 +346,7 @@ struct Item {
 template <typename T, int64_t D, int64_t G>
 void prefill_attention_impl(const T* q, const T* k_pool, const T* v_pool, const int64_t* slots,
                             const int64_t* q_indptr, const int64_t* kv_indptr, T* out, int64_t batch,
-                            int64_t kv_heads, float scale) {
+                            int64_t kv_heads, float scale, int64_t window) {
   constexpr int64_t M = kRows / G;  // query positions per tile
   const int64_t heads = kv_heads * G;
   // Items run longest first, taken one at a time by whichever thread is free: the costs are
@@ -340,8 +367,9 @@ void prefill_attention_impl(const T* q, const T* k_pool, const T* v_pool, const 
       const Item& it = items[i];
       const int64_t n = q_indptr[it.b + 1] - q_indptr[it.b], len = kv_indptr[it.b + 1] - kv_indptr[it.b];
       const int64_t q_off = q_indptr[it.b] * heads * D + it.kh * G * D;
-      const Tile<T, D, G> tile{q + q_off, k_pool + it.kh * D, v_pool + it.kh * D, slots + kv_indptr[it.b],
-                               out + q_off, kv_heads * D, heads * D, len - n, it.j0, std::min(M, n - it.j0), scale};
+      Tile<T, D, G> tile{q + q_off, k_pool + it.kh * D, v_pool + it.kh * D, slots + kv_indptr[it.b],
+                         out + q_off, kv_heads * D, heads * D, len - n, it.j0, std::min(M, n - it.j0), scale};
+      tile.window = window;
       tile.run(scratch[0]);
     }
   });
@@ -381,10 +409,11 @@ void shared_prefix_impl(const T* q, const T* k_pool, const T* v_pool, const int6
 
 template <typename T, int64_t D>
 void dispatch_group(int64_t group, const T* q, const T* k, const T* v, const int64_t* slots, const int64_t* q_indptr,
-                    const int64_t* kv_indptr, T* out, int64_t batch, int64_t kv_heads, float scale) {
+                    const int64_t* kv_indptr, T* out, int64_t batch, int64_t kv_heads, float scale, int64_t window) {
   switch (group) {
 #define RS_GROUP(G) \
-  case G: return prefill_attention_impl<T, D, G>(q, k, v, slots, q_indptr, kv_indptr, out, batch, kv_heads, scale);
+  case G:                                                                                                        \
+    return prefill_attention_impl<T, D, G>(q, k, v, slots, q_indptr, kv_indptr, out, batch, kv_heads, scale, window);
     RS_GROUP(1) RS_GROUP(2) RS_GROUP(3) RS_GROUP(4) RS_GROUP(5) RS_GROUP(6) RS_GROUP(7) RS_GROUP(8)
 #undef RS_GROUP
   }
@@ -396,7 +425,8 @@ void dispatch_group(int64_t group, const T* q, const T* k, const T* v, const int
 namespace radixserve {
 
 void prefill_attention(at::Tensor q, at::Tensor k_pool, at::Tensor v_pool, at::Tensor slots, at::Tensor q_indptr,
-                       at::Tensor kv_indptr, double scale, at::Tensor out) {
+                       at::Tensor kv_indptr, double scale, at::Tensor out, int64_t window) {
+  TORCH_CHECK(window >= 0, "prefill_attention: window must be >= 0 (0: none)");
   TORCH_CHECK(q.dim() == 3 && k_pool.dim() == 3 && v_pool.dim() == 3, "q [T,H,D], pools [S,KVH,D]");
   TORCH_CHECK(q.is_contiguous() && k_pool.is_contiguous() && v_pool.is_contiguous() && out.is_contiguous(),
               "contiguous inputs");
@@ -423,7 +453,7 @@ void prefill_attention(at::Tensor q, at::Tensor k_pool, at::Tensor v_pool, at::T
     using T = decltype(tag);
     auto call = head_dim == 64 ? dispatch_group<T, 64> : dispatch_group<T, 128>;
     call(group, q.data_ptr<T>(), k_pool.data_ptr<T>(), v_pool.data_ptr<T>(), slots_c.data_ptr<int64_t>(), qp, kp,
-         out.data_ptr<T>(), batch, kv_heads, s);
+         out.data_ptr<T>(), batch, kv_heads, s, window);
   };
   if (q.scalar_type() == at::kFloat) {
     run(float{});

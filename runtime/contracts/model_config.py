@@ -11,10 +11,11 @@ from typing import Any
 
 from runtime.contracts.errors import UnsupportedModel
 
-# Architecture name -> (qkv bias forced on, per-head q/k RMSNorm). Mistral is Llama without
-# sliding windows (7B v0.2/v0.3 ship `sliding_window: null`); `_check_window` rejects a Mistral or
-# Phi-3 that actually uses one. Phi-3 is Llama with q/k/v and gate/up fused in the checkpoint
-# (runtime/models/phi3.py splits them).
+# Architecture name -> (qkv bias forced on, per-head q/k RMSNorm). Mistral is Llama with a
+# sliding window on every layer (v0.1: 4096; v0.2/v0.3 ship `sliding_window: null`). Phi-3 is
+# Llama with q/k/v and gate/up fused in the checkpoint (runtime/models/phi3.py splits them) and,
+# for the 4k models, a window of 2047. Gemma 2 and 3 (runtime/models/gemma.py) alternate sliding
+# and global layers (`layer_types`).
 ARCHITECTURES: dict[str, tuple[bool, bool]] = {
     "LlamaForCausalLM": (False, False),
     "MistralForCausalLM": (False, False),
@@ -22,9 +23,14 @@ ARCHITECTURES: dict[str, tuple[bool, bool]] = {
     "Qwen2ForCausalLM": (True, False),
     "Qwen3ForCausalLM": (False, True),
     "Qwen3MoeForCausalLM": (False, True),
+    "Gemma2ForCausalLM": (False, False),
+    "Gemma3ForCausalLM": (False, True),
 }
 # Architectures whose MLP blocks are (some of them) sparse mixtures of experts (`MoeConfig`).
 MOE_ARCHITECTURES = ("Qwen3MoeForCausalLM",)
+GEMMA = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
+# Gemma's `sliding_window_pattern` defaults (every n-th layer is global) when config.json has no `layer_types`.
+GEMMA_PATTERN = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 6}
 ROPE_TYPES = ("default", "linear", "llama3")
 # Architectures whose HF model applies `sliding_window` whenever it is set (no `use_sliding_window`).
 WINDOWED_BY_DEFAULT = ("MistralForCausalLM", "Phi3ForCausalLM")
@@ -82,6 +88,22 @@ class ModelConfig:
     torch_dtype: str | None  # the checkpoint's dtype name, e.g. "bfloat16"
     eos_token_ids: tuple[int, ...]
     moe: MoeConfig | None = None  # the sparse MLP blocks of a mixture-of-experts model
+    # Sliding-window attention, per layer: a query at position q sees keys p with q - w < p <= q
+    # (HF's masks); None: every earlier key. Empty: no layer has a window.
+    layer_windows: tuple[int | None, ...] = ()
+    hidden_act: str = "silu"  # silu, or gelu_pytorch_tanh (Gemma's GeGLU)
+    attn_scale: float | None = None  # the softmax scale; None: head_dim ** -0.5 (Gemma: query_pre_attn_scalar ** -0.5)
+    attn_softcap: float | None = None  # scores -> cap * tanh(scores / cap) before the softmax (Gemma 2)
+    final_softcap: float | None = None  # the same on the logits (Gemma 2)
+    rope_local_theta: float | None = None  # the sliding layers' rope base, unscaled (Gemma 3); None: rope_theta
+
+    def window(self, layer_id: int) -> int | None:
+        """The sliding window of layer `layer_id`, or None for full attention."""
+        return self.layer_windows[layer_id] if self.layer_windows else None
+
+    @property
+    def softmax_scale(self) -> float:
+        return self.attn_scale if self.attn_scale is not None else self.head_dim**-0.5
 
     @property
     def q_size(self) -> int:
@@ -97,7 +119,8 @@ class ModelConfig:
         force_qkv_bias, qk_norm = ARCHITECTURES[arch]
         attention_bias = bool(hf.get("attention_bias", False))
         heads = hf["num_attention_heads"]
-        theta, scaling = _rope(hf)
+        theta, scaling, local_theta = _gemma_rope(hf) if arch in GEMMA else (*_rope(hf), None)
+        scalar = hf.get("query_pre_attn_scalar") if arch in GEMMA else None
         return cls(
             architecture=arch,
             hidden_size=hf["hidden_size"],
@@ -119,6 +142,12 @@ class ModelConfig:
             torch_dtype=_dtype_name(hf.get("dtype") or hf.get("torch_dtype")),
             eos_token_ids=_eos_ids(hf.get("eos_token_id")),
             moe=MoeConfig.from_hf(hf) if arch in MOE_ARCHITECTURES else None,
+            layer_windows=_layer_windows(arch, hf),
+            hidden_act=_activation(arch, hf),
+            attn_scale=float(scalar) ** -0.5 if scalar else None,
+            attn_softcap=_cap(hf.get("attn_logit_softcapping")) if arch in GEMMA else None,
+            final_softcap=_cap(hf.get("final_logit_softcapping")) if arch in GEMMA else None,
+            rope_local_theta=local_theta,
         )
 
 
@@ -128,26 +157,65 @@ def _architecture(hf: dict[str, Any]) -> str:
     arch = next((a for a in archs if a in ARCHITECTURES), None)
     if arch is None:
         raise UnsupportedModel(f"unsupported model architecture {archs or '(none given)'}; supported: {supported}")
-    if hf.get("hidden_act", "silu") != "silu":
-        raise UnsupportedModel(f"{arch} with hidden_act={hf['hidden_act']!r} is not supported (only silu)")
-    _check_window(arch, hf)
+    _activation(arch, hf)
     return arch
 
 
-def _check_window(arch: str, hf: dict[str, Any]) -> None:
-    """Refuse a sliding window shorter than the context: we run full attention only.
+def _activation(arch: str, hf: dict[str, Any]) -> str:
+    """silu, or Gemma's gelu_pytorch_tanh (HF reads `hidden_activation` there, then `hidden_act`)."""
+    if arch in GEMMA:
+        act = hf.get("hidden_activation") or hf.get("hidden_act") or "gelu_pytorch_tanh"
+        if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
+            raise UnsupportedModel(f"{arch} with hidden_activation={act!r} is not supported (only gelu_pytorch_tanh)")
+        return "gelu_pytorch_tanh"
+    if hf.get("hidden_act", "silu") != "silu":
+        raise UnsupportedModel(f"{arch} with hidden_act={hf['hidden_act']!r} is not supported (only silu)")
+    return "silu"
 
-    A window of null, or one at least as long as the context, never drops a key, so full attention
-    is exact. The context defaults as in `from_hf`, so what we check is what we serve.
+
+def _layer_windows(arch: str, hf: dict[str, Any]) -> tuple[int | None, ...]:
+    """Each layer's sliding window, or () when none applies.
+
+    A window at least as long as the context never drops a key: it is left out (full attention),
+    so such configs keep every path full attention has. Qwen2's window applies only with
+    `use_sliding_window` (and there to the layers from `max_window_layers` on); it stays refused.
     """
-    window = hf.get("sliding_window")
-    uses_window = hf.get("use_sliding_window", arch in WINDOWED_BY_DEFAULT)
+    window = int(hf.get("sliding_window") or 0)
     context = hf.get("max_position_embeddings", DEFAULT_CONTEXT)
-    if uses_window and window and window < context:
-        raise UnsupportedModel(
-            f"{arch} with sliding_window={window} below max_position_embeddings={context} is not supported "
-            "(sliding-window attention is not implemented)"
-        )
+    layers: int = hf["num_hidden_layers"]
+    if not window or window >= context:
+        return ()
+    if arch in GEMMA:
+        if hf.get("use_bidirectional_attention"):
+            raise UnsupportedModel(f"{arch} with use_bidirectional_attention is not supported (a decoder only)")
+        pattern = GEMMA_PATTERN[arch]
+        types: list[str] = hf.get("layer_types") or [
+            "full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(layers)]
+        return tuple(window if t == "sliding_attention" else None for t in types)
+    if hf.get("use_sliding_window", arch in WINDOWED_BY_DEFAULT):
+        if arch not in WINDOWED_BY_DEFAULT:
+            raise UnsupportedModel(f"{arch} with use_sliding_window and sliding_window={window} is not supported")
+        return (window,) * layers
+    return ()
+
+
+def _gemma_rope(hf: dict[str, Any]) -> tuple[float, dict[str, Any] | None, float | None]:
+    """(global theta, global scaling, local theta) from Gemma's config: v5 writes `rope_parameters`
+    per layer type; older configs `rope_theta`, `rope_scaling` and (Gemma 3) `rope_local_base_freq`."""
+    params = hf.get("rope_parameters") or {}
+    if "full_attention" in params:
+        local = dict(params.get("sliding_attention") or {})
+        if (local.get("rope_type") or "default") != "default":
+            raise UnsupportedModel(f"Gemma sliding layers with rope {local} are not supported")
+        theta, scaling = _rope({**hf, "rope_parameters": params["full_attention"]})
+        return theta, scaling, float(local.get("rope_theta") or 10000.0)
+    theta, scaling = _rope(hf)
+    local_theta = hf.get("rope_local_base_freq")
+    return theta, scaling, float(local_theta) if local_theta else None
+
+
+def _cap(value: Any) -> float | None:
+    return float(value) if value else None
 
 
 def _rope(hf: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:

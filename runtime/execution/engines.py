@@ -44,6 +44,7 @@ from kernels.kv_pool import KVPool
 from kernels.linear import Linear
 from kernels.moe import ROW_TILE
 from kernels.quant_linear import ISA_CODES, BlockQuantLinearMethod
+from kernels.sliding_window import PerLayerBackend
 from kernels.torch_backend import TorchAttentionBackend
 from runtime.contracts.config import ServerConfig
 from runtime.execution.device import cpu_capability
@@ -82,12 +83,19 @@ def choose_engines(model: torch.nn.Module, backend: object, config: ServerConfig
     variance, start = config.enable_batch_variance, time.perf_counter()
     measure = variance if measure is None else measure
     choices = choose_block_gemm(model, variance, measure) + choose_expert_padding(model, variance)
-    if isinstance(backend, TorchAttentionBackend):
-        if backend.extend_kernel is not None:
-            choices.append(choose_prefill_attention(backend, variance, measure))
-        backend.decoder.cascade = variance
-        choices.append(Choice("decode cascade", "rows sharing a long KV prefix", "on" if variance else "off",
-                              "--enable-batch-variance" if variance else "batch invariance"))
+    # A model whose layers differ in window has one backend per window: each takes the same choices.
+    inner = list(backend.backends.values()) if isinstance(backend, PerLayerBackend) else [backend]
+    torch_backends = [b for b in inner if isinstance(b, TorchAttentionBackend)]
+    if torch_backends:
+        first = torch_backends[0]
+        if first.extend_kernel is not None:
+            choices.append(choose_prefill_attention(first, variance, measure))
+        cascade = variance and first.softcap is None  # the cascade's merge cannot soft-cap
+        for each in torch_backends:
+            each.extend_kernel = first.extend_kernel
+            each.decoder.cascade = cascade
+        choices.append(Choice("decode cascade", "rows sharing a long KV prefix", "on" if cascade else "off",
+                              "--enable-batch-variance" if cascade else "batch invariance"))
     for choice in choices:
         logger.info("engine: %s", choice.line())
     if measure:

@@ -7,6 +7,7 @@ import torch
 from runtime.contracts.errors import UnsupportedModel
 from runtime.contracts.model_config import ModelConfig
 from runtime.models.base import CausalLM
+from runtime.models.gemma import GemmaForCausalLM
 from runtime.models.llama import LlamaForCausalLM
 from runtime.models.phi3 import Phi3ForCausalLM
 from runtime.models.qwen2 import Qwen2ForCausalLM
@@ -16,7 +17,8 @@ from runtime.parallel.context import ParallelContext
 
 MODEL_REGISTRY: dict[str, type[CausalLM]] = {
     arch: cls
-    for cls in (LlamaForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM)
+    for cls in (LlamaForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM,
+                GemmaForCausalLM)
     for arch in cls.architectures
 }
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from types import ModuleType
-from typing import cast
+from typing import Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -173,6 +173,22 @@ class DecoderModel(nn.Module):
         return h
 
 
+class Decoder(Protocol):
+    """What the rest of the runtime uses of a CausalLM's decoder (DecoderModel, or Gemma's)."""
+
+    embed_tokens: VocabParallelEmbedding
+    rotary: RotaryEmbedding
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, backend: AttentionBackend) -> torch.Tensor:
+        ...
+
+    def use_decode_stack(self, ext: ModuleType | None) -> None:
+        ...
+
+    def modules(self) -> Iterator[nn.Module]:
+        ...
+
+
 # HF projection name -> (fused module name, shard index). Shards are stacked along dim 0 in order.
 FUSED_SHARDS = {
     "q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
@@ -181,7 +197,7 @@ FUSED_SHARDS = {
 
 
 class CausalLM(nn.Module):
-    """The decoder plus lm_head; architecture classes (llama.py, phi3.py, qwen2.py, qwen3.py) subclass it."""
+    """The decoder plus lm_head; architecture classes (llama.py, phi3.py, qwen2.py, qwen3.py, gemma.py) subclass it."""
 
     architectures: tuple[str, ...] = ()  # the HF `architectures` names a subclass serves
 
@@ -193,11 +209,15 @@ class CausalLM(nn.Module):
         # `config` is the whole model's; `self.config` the shapes this rank holds (equal without tp).
         self.global_config, self.config = config, parallel.plan.local_config(config)
         self.dtype, self.device = dtype, device
-        self.model = DecoderModel(config, dtype, device, parallel)
+        self.model: Decoder = self.decoder(config, dtype, device, parallel)
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, parallel, dtype, device)
         if config.tie_word_embeddings:
             self.lm_head.tie(self.model.embed_tokens)
         self.is_packed = False
+
+    def decoder(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, tp: ParallelContext) -> Decoder:
+        """The decoder (token ids to final hidden states); Gemma's differs (runtime/models/gemma.py)."""
+        return DecoderModel(cfg, dtype, device, tp)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, backend: AttentionBackend) -> torch.Tensor:
         """input_ids, positions: int64 [T] -> final hidden states [T, hidden] (model dtype)."""

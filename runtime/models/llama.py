@@ -1,7 +1,7 @@
-"""Llama, and Mistral without a sliding window: the shared decoder as is.
+"""Llama and Mistral: the shared decoder as is.
 
-Mistral's checkpoint and decoder are Llama's; it differs only by `sliding_window`, and
-`runtime/contracts/model_config.py` refuses a window shorter than the context before we get here.
+Mistral's checkpoint and decoder are Llama's; it differs only by `sliding_window` (v0.1: 4096),
+which `ModelConfig.layer_windows` carries to the attention backend (kernels/sliding_window.py).
 """
 
 from __future__ import annotations

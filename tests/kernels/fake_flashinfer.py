@@ -24,7 +24,6 @@ from typing import Any
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from tests.kernels import fake_flashinfer_checks as check
 from tests.kernels import fake_flashinfer_ops
@@ -86,11 +85,11 @@ class _Paged:
         self.planned = args
 
     def _load_kernels(self, p: dict[str, Any]) -> None:
-        """prefill.py / decode.py plan: the module of the planned dtypes and head size (no positional
-        encoding, window or soft cap: not_emulated refuses them). The tensor-core decode runs the
-        prefill kernels, its backend "auto" being "fa2" for 16-bit KV."""
+        """prefill.py / decode.py plan: the module of the planned dtypes, head size, sliding window
+        and soft cap (no positional encoding: not_emulated refuses it). The tensor-core decode runs
+        the prefill kernels, its backend "auto" being "fa2" for 16-bit KV."""
         common = (p["q_data_type"], p["kv_data_type"], p["o_data_type"], torch.int32, p["head_dim"], p["head_dim"],
-                  0, False, False)
+                  0, p["window_left"] >= 0, p["logits_soft_cap"] > 0)
         if not models_loading():
             return
         if self.kind == "decode" and not p["use_tensor_cores"]:
@@ -146,7 +145,8 @@ class _Paged:
             qo = self._layout("qo_indptr")
             check.check_q(q, p, qo[-1], self.device)  # prefill.py run: q rows = qo_indptr[-1]
             check.check_kv(k, v, p, self.device)
-            assert window_left is None or window_left == -1  # run() asserts it equals the planned one
+            # run() asserts it equals the planned one
+            assert window_left is None or window_left == p["window_left"], (window_left, p["window_left"])
             if out is not None:
                 check.check_out(out, q, p["o_data_type"])
             result = _paged_attention(q, k, v, qo, self._layout("kv_indptr"), self._layout("last_page_len"),
@@ -189,17 +189,17 @@ class BatchPrefillWithPagedKVCacheWrapper(_Paged):
         q, kv, o = check.plan_dtypes(q_data_type, kv_data_type, o_data_type)
         check.not_emulated(
             "BatchPrefillWithPagedKVCacheWrapper.plan", dict(
-                custom_mask=custom_mask, packed_custom_mask=packed_custom_mask, logits_soft_cap=logits_soft_cap or None,
-                prefix_len_ptr=prefix_len_ptr, token_pos_in_items_ptr=token_pos_in_items_ptr,
+                custom_mask=custom_mask, packed_custom_mask=packed_custom_mask, prefix_len_ptr=prefix_len_ptr,
+                token_pos_in_items_ptr=token_pos_in_items_ptr,
                 max_item_len_ptr=max_item_len_ptr, seq_lens=seq_lens, seq_lens_q=seq_lens_q, block_tables=block_tables,
                 max_token_per_sequence=max_token_per_sequence, max_sequence_kv=max_sequence_kv),
             head_dim_vo=(head_dim_vo or head_dim_qk, head_dim_qk), pos_encoding_mode=(pos_encoding_mode, "NONE"),
-            use_fp16_qk_reduction=(use_fp16_qk_reduction, False), window_left=(window_left, -1),
-            token_pos_in_items_len=(token_pos_in_items_len, 0))
+            use_fp16_qk_reduction=(use_fp16_qk_reduction, False), token_pos_in_items_len=(token_pos_in_items_len, 0))
         self._plan(dict(qo_indptr=qo_indptr, kv_indptr=paged_kv_indptr, indices=paged_kv_indices,
                         last_page_len=paged_kv_last_page_len, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
                         head_dim=head_dim_qk, page_size=page_size, causal=causal, q_data_type=q, kv_data_type=kv,
-                        o_data_type=o, sm_scale=sm_scale, non_blocking=non_blocking, backend=self._backend))
+                        o_data_type=o, sm_scale=sm_scale, non_blocking=non_blocking, backend=self._backend,
+                        window_left=window_left, logits_soft_cap=logits_soft_cap or 0.0))
 
     def run(self, q: torch.Tensor, paged_kv_cache: Any, *args: Any, q_scale: Any = None, k_scale: Any = None,
             v_scale: Any = None, out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
@@ -262,13 +262,13 @@ class BatchDecodeWithPagedKVCacheWrapper(_Paged):
             raise ValueError("fixed_split_size is only supported by tensor core decode for now.")
         check.not_emulated(
             "BatchDecodeWithPagedKVCacheWrapper.plan", dict(
-                logits_soft_cap=logits_soft_cap or None, block_tables=block_tables, seq_lens=seq_lens),
-            pos_encoding_mode=(pos_encoding_mode, "NONE"), window_left=(window_left, -1),
-            q_len_per_req=(q_len_per_req, 1))
+                block_tables=block_tables, seq_lens=seq_lens),
+            pos_encoding_mode=(pos_encoding_mode, "NONE"), q_len_per_req=(q_len_per_req, 1))
         self._plan(dict(kv_indptr=indptr, indices=indices, last_page_len=last_page_len, num_qo_heads=num_qo_heads,
                         num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size, causal=False,
                         q_data_type=q, kv_data_type=kv, o_data_type=o, sm_scale=sm_scale, non_blocking=non_blocking,
-                        use_tensor_cores=self._use_tensor_cores))
+                        use_tensor_cores=self._use_tensor_cores, window_left=window_left,
+                        logits_soft_cap=logits_soft_cap or 0.0))
 
     def run(self, q: torch.Tensor, paged_kv_cache: Any, *args: Any, q_scale: float | None = None,
             k_scale: float | None = None, v_scale: float | None = None, out: torch.Tensor | None = None,
@@ -286,7 +286,8 @@ class BatchDecodeWithPagedKVCacheWrapper(_Paged):
 def _paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, qo: list[int], kv: list[int],
                      last: list[int], indices: torch.Tensor, p: dict[str, Any]) -> torch.Tensor:
     """Per request: gather its pages' tokens, attend (GQA by repeating KV heads: a test oracle).
-    Causal masks align the queries with the end of the request's KV, as FlashInfer's do."""
+    Causal masks align the queries with the end of the request's KV, as FlashInfer's do; a query at
+    position i sees keys i - window_left .. i (window_left >= 0), scores soft-capped when asked."""
     ps, group = k_cache.shape[1], p["num_qo_heads"] // p["num_kv_heads"]
     out = torch.empty(q.shape, dtype=p["o_data_type"], device=q.device)
     for i in range(len(last)):
@@ -297,11 +298,23 @@ def _paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         rows = q[qo[i] : qo[i + 1]]
         e = rows.shape[0]
         positions = torch.arange(n, device=q.device)
-        mask = positions[None, :] <= (n - e + torch.arange(e, device=q.device))[:, None] if p["causal"] else None
-        o = F.scaled_dot_product_attention(rows.transpose(0, 1).float(), k.transpose(0, 1).float(),
-                                           v.transpose(0, 1).float(), attn_mask=mask, scale=p["sm_scale"])
+        q_pos = (n - e + torch.arange(e, device=q.device))[:, None]  # decode: the one query is the last token
+        mask = positions[None, :] <= q_pos if p["causal"] else torch.ones(e, n, dtype=torch.bool, device=q.device)
+        if p["window_left"] >= 0:
+            mask &= positions[None, :] >= q_pos - p["window_left"]
+        o = _attend_rows(rows.transpose(0, 1).float(), k.transpose(0, 1).float(), v.transpose(0, 1).float(), mask,
+                         p["sm_scale"], p["logits_soft_cap"])
         out[qo[i] : qo[i + 1]] = o.transpose(0, 1).to(out.dtype)
     return out
+
+
+def _attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None,
+                 softcap: float) -> torch.Tensor:
+    """[H, e, D] queries over [H, n, D] keys: a plain masked softmax (soft-capped when softcap > 0)."""
+    scores = q @ k.transpose(-1, -2) * (scale if scale is not None else q.shape[-1] ** -0.5)
+    if softcap > 0:
+        scores = torch.tanh(scores / softcap) * softcap
+    return torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1) @ v
 
 
 def _module() -> types.ModuleType:

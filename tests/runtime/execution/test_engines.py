@@ -91,3 +91,18 @@ def test_batch_variance_turns_the_cascade_on(default_model_path: str, monkeypatc
                                 enable_batch_variance=True)
     assert engine.runner.backend.decoder.cascade  # type: ignore[attr-defined]
     assert [c.engine for c in engine.runner.loaded.engines if c.op == "decode cascade"] == ["on"]
+
+
+def test_per_window_backends_share_the_choices_and_a_soft_cap_keeps_the_cascade_off(tmp_path) -> None:
+    """Gemma 2 (sliding and global layers, soft-capped): one torch backend per window, neither on
+    our C++ attention kernels nor the cascade, even with --enable-batch-variance."""
+    from kernels.sliding_window import PerLayerBackend
+    from tests.kernels.test_flashinfer_windows import _write
+
+    batch = StaticBatch.create(_write(tmp_path / "gemma2", "gemma2"), load_format="dummy", max_total_tokens=512,
+                               max_running_requests=2, enable_batch_variance=True)
+    backend = batch.runner.backend
+    assert isinstance(backend, PerLayerBackend) and len(backend.backends) == 2
+    for each in backend.backends.values():
+        assert isinstance(each, TorchAttentionBackend) and each.extend_kernel is None and not each.decoder.cascade
+    assert [c.engine for c in batch.runner.loaded.engines if c.op == "decode cascade"] == ["off"]

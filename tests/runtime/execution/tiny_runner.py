@@ -53,14 +53,12 @@ def with_flashinfer_backend(loaded: LoadedModel, workspace_bytes: int = 1 << 16)
     model and its sampler, as load_model_for_serving sets them up on CUDA: on CPU, where
     resolve_config never picks them, over whatever `flashinfer` module is installed (the
     stand-in), small workspace."""
-    from kernels.flashinfer_backend import FlashInferAttentionBackend
+    from runtime.execution.backends import make_backend
     from runtime.execution.model_setup import use_flashinfer_kernels
 
     sampler = use_flashinfer_kernels(loaded.model)
-
-    mc = loaded.model_config
-    backend = FlashInferAttentionBackend(loaded.kv_pool, mc.num_heads, mc.num_kv_heads, mc.head_dim, loaded.dtype,
-                                         workspace_bytes=workspace_bytes)
+    # One backend per sliding window (and the model's scale and soft cap), as on CUDA.
+    backend = make_backend("flashinfer", loaded.kv_pool, loaded.model.config, loaded.dtype, workspace_bytes)
     return dataclasses.replace(loaded, backend=backend, sampler=sampler)
 
 

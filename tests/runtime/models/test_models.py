@@ -173,7 +173,8 @@ def test_unknown_architecture_lists_supported():
     hf = {**TINY, "num_hidden_layers": 1, "architectures": ["GPT2LMHeadModel"]}
     with pytest.raises(UnsupportedModel) as err:
         ModelConfig.from_hf(hf)
-    for name in ("LlamaForCausalLM", "MistralForCausalLM", "Phi3ForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"):
+    for name in ("LlamaForCausalLM", "MistralForCausalLM", "Phi3ForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                 "Gemma2ForCausalLM", "Gemma3ForCausalLM"):
         assert name in str(err.value)
     assert set(MODEL_REGISTRY) == set(ARCHITECTURES)
 
@@ -213,7 +214,6 @@ LONGROPE = {"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0] * 
 
 
 @pytest.mark.parametrize("extra,match", [
-    ({"sliding_window": 2047}, "sliding_window=2047"),  # Phi-3-mini-4k's window: half its context
     ({"rope_scaling": LONGROPE}, "rope_scaling / rope_parameters with rope_type 'longrope'"),
     ({"rope_parameters": LONGROPE}, "rope_type 'longrope'"),
     ({"partial_rotary_factor": 0.75}, "partial_rotary_factor=0.75"),  # Phi-4-mini
@@ -224,8 +224,14 @@ def test_phi3_configs_we_do_not_run_are_refused(extra, match):
 
 
 def test_phi3_window_as_long_as_the_context_is_plain_attention():
-    assert ModelConfig.from_hf({**PHI3, "sliding_window": 4096}).architecture == "Phi3ForCausalLM"
+    assert ModelConfig.from_hf({**PHI3, "sliding_window": 4096}).layer_windows == ()
     assert ModelConfig.from_hf({**PHI3, "sliding_window": None}).rope_scaling is None
+
+
+def test_phi3_mini_4k_window_is_served():
+    """Phi-3-mini-4k: a 2047-token window (HF: a query sees its last 2047 keys) on every layer."""
+    cfg = ModelConfig.from_hf({**PHI3, "num_hidden_layers": 2, "sliding_window": 2047})
+    assert cfg.layer_windows == (2047, 2047) and cfg.window(1) == 2047
 
 
 # Mistral 7B v0.1 as shipped: a 4096-token window over a 32k context.
@@ -233,21 +239,51 @@ MISTRAL = {**TINY, "num_hidden_layers": 1, "architectures": ["MistralForCausalLM
            "max_position_embeddings": 32768, "sliding_window": 4096}
 
 
-def test_mistral_with_a_short_window_is_refused():
-    with pytest.raises(UnsupportedModel, match="MistralForCausalLM with sliding_window=4096 below "
-                       r"max_position_embeddings=32768 .*sliding-window attention is not implemented"):
-        ModelConfig.from_hf(MISTRAL)
-    # No max_position_embeddings: the window is checked against the context we would serve.
+def test_mistral_v01_window_is_served():
+    cfg = ModelConfig.from_hf(MISTRAL)
+    assert cfg.layer_windows == (4096,) and MODEL_REGISTRY[cfg.architecture] is LlamaForCausalLM
+    # No max_position_embeddings: the window is compared with the context we would serve.
     no_context = {k: v for k, v in MISTRAL.items() if k != "max_position_embeddings"}
-    with pytest.raises(UnsupportedModel, match="sliding_window=4095 below max_position_embeddings=4096"):
-        ModelConfig.from_hf({**no_context, "sliding_window": 4095})
+    assert ModelConfig.from_hf({**no_context, "sliding_window": 4095}).layer_windows == (4095,)
+    assert ModelConfig.from_hf({**no_context, "sliding_window": 4096}).layer_windows == ()
+
+
+def test_qwen2_sliding_window_stays_refused():
+    """Qwen2's window applies only from `max_window_layers` on: not implemented."""
+    with pytest.raises(UnsupportedModel, match="use_sliding_window"):
+        ModelConfig.from_hf({**MISTRAL, "architectures": ["Qwen2ForCausalLM"], "use_sliding_window": True})
 
 
 @pytest.mark.parametrize("window", [None, 32768, 65536])
 def test_mistral_without_a_short_window_is_llama(window):
     cfg = ModelConfig.from_hf({**MISTRAL, "sliding_window": window})
     assert cfg.architecture == "MistralForCausalLM" and MODEL_REGISTRY[cfg.architecture] is LlamaForCausalLM
-    assert cfg.max_position_embeddings == 32768
+    assert cfg.max_position_embeddings == 32768 and cfg.layer_windows == ()
+
+
+GEMMA2 = {**TINY, "num_hidden_layers": 4, "architectures": ["Gemma2ForCausalLM"], "head_dim": 16,
+          "hidden_activation": "gelu_pytorch_tanh", "sliding_window": 8, "query_pre_attn_scalar": 24,
+          "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}
+
+
+def test_gemma_configs():
+    g2 = ModelConfig.from_hf(GEMMA2)
+    assert g2.layer_windows == (8, None, 8, None) and g2.attn_softcap == 50.0 and g2.final_softcap == 30.0
+    assert g2.softmax_scale == 24**-0.5 and g2.hidden_act == "gelu_pytorch_tanh" and g2.rope_local_theta is None
+    legacy3 = {**GEMMA2, "architectures": ["Gemma3ForCausalLM"], "num_hidden_layers": 7, "rope_theta": 1e6,
+               "rope_local_base_freq": 1e4, "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+               "attn_logit_softcapping": None, "final_logit_softcapping": None}
+    g3 = ModelConfig.from_hf(legacy3)
+    assert g3.layer_windows == (8,) * 5 + (None, 8) and g3.qk_norm and g3.attn_softcap is None
+    v5 = {k: v for k, v in legacy3.items() if k not in ("rope_theta", "rope_local_base_freq", "rope_scaling")}
+    v5["rope_parameters"] = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                             "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}
+    assert ModelConfig.from_hf(v5) == g3 and g3.rope_theta == 1e6 and g3.rope_local_theta == 1e4
+    assert g3.rope_scaling == {"rope_type": "linear", "factor": 8.0}
+    types = ["full_attention", "sliding_attention"] * 2  # an explicit layer_types wins over the pattern
+    assert ModelConfig.from_hf({**GEMMA2, "layer_types": types}).layer_windows == (None, 8, None, 8)
+    with pytest.raises(UnsupportedModel, match="hidden_activation='gelu'"):
+        ModelConfig.from_hf({**GEMMA2, "hidden_activation": "gelu"})
 
 
 def test_default_model_matches_hf(default_model_path):
