@@ -28,7 +28,7 @@ from torch import nn
 from kernels.moe import ROW_TILE, expert_mlp, route
 from runtime.contracts.errors import UnsupportedModel
 from runtime.contracts.model_config import ModelConfig, MoeConfig
-from runtime.models.base import CausalLM, DecoderLayer
+from runtime.models.base import CausalLM, DecoderLayer, DecoderModel
 from runtime.parallel.context import Collectives, ParallelContext, rank_context
 from runtime.parallel.layers import ShardedWeights, check_shape
 from runtime.parallel.sharding import even_split
@@ -127,8 +127,10 @@ class Qwen3MoeForCausalLM(CausalLM):
         # The shared decoder built dense MLPs (torch.empty: unwritten memory); swap in the sparse
         # blocks. NOTE: Qwen3's q/k norms keep these layers off the GGUF decode stack
         # (DecoderLayer.block_layer), which would read a dense MLP's linears.
+        decoder = self.model
+        assert isinstance(decoder, DecoderModel), "Qwen3-MoE runs on the shared decoder"
         for i in moe.sparse_layers:
-            layer = self.model.layers[i]
+            layer = decoder.layers[i]
             assert isinstance(layer, DecoderLayer) and layer.self_attn.qk_norm
             layer.add_module("mlp", SparseMoeBlock(config, moe, parallel, dtype, device))
 
