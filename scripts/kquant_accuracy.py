@@ -7,7 +7,8 @@ against llama.cpp's own kernels on the same files: the K-quant table of docs/ben
 Teacher-forced, as tests/runtime/execution/test_block_quantization.py measures: the default
 model's fp32 greedy answers to the chat prompts are the reference sequences. Per file:
   - drift: the mean over prompts of |mean log-prob of the reference tokens, ours - fp32's|
-    (nats/token), ours being the file run from its blocks in fp32 (`--load-format gguf`);
+    (nats/token), ours being the file run from its blocks in fp32 (`--load-format gguf`), and
+    llama.cpp's own drift on the same file, measured the same way;
   - top-1 against fp32: the share of answer positions where our argmax is the reference token;
   - top-1 against llama.cpp: the share where our argmax equals llama.cpp's on the same file and
     the same tokens (llama.cpp evaluates each prompt + answer with every position's logits, through
@@ -35,7 +36,12 @@ from kernels.linear import Linear  # noqa: E402
 from runtime.execution.static_batch import StaticBatch  # noqa: E402
 from runtime.support.default_model import ensure_default_model  # noqa: E402
 from tests import chat_reference  # noqa: E402
-from tests.runtime.execution.teacher_forcing import drift_and_agreement, greedy_and_scored, score  # noqa: E402
+from tests.runtime.execution.teacher_forcing import (  # noqa: E402
+    Scored,
+    drift_and_agreement,
+    greedy_and_scored,
+    score,
+)
 
 LLAMA = ROOT / ".peers/src/llama_cpp_python-0.3.36"
 MODELS = ROOT / ".peers/models"
@@ -51,18 +57,20 @@ def model_bytes(engine: StaticBatch) -> int:
     return held + blocks
 
 
-def llama_argmax(path: Path, sequences: list[list[int]], starts: list[int]) -> list[list[int]]:
-    """llama.cpp's argmax after each position from `start - 1` on, for each token sequence."""
+def llama_scored(path: Path, prompts: list[list[int]], answers: list[list[int]]) -> list[Scored]:
+    """llama.cpp's teacher-forced log-prob of each answer token and its own argmax there."""
     os.environ.setdefault("LLAMA_CPP_LIB_PATH", str(LLAMA / "vendor/llama.cpp/build/bin"))
     sys.path[:0] = [str(LLAMA), str(ROOT / ".peers/pydeps")]  # llama-cpp-python's sources; diskcache
     import llama_cpp
 
     llm = llama_cpp.Llama(str(path), logits_all=True, n_ctx=1024, n_threads=os.cpu_count(), verbose=False)
     out = []
-    for tokens, start in zip(sequences, starts, strict=True):
+    for prompt, answer in zip(prompts, answers, strict=True):
         llm.reset()
-        llm.eval(tokens[:-1])
-        out.append(np.argmax(llm.scores[start - 1: len(tokens) - 1], axis=-1).tolist())
+        llm.eval(prompt + answer[:-1])
+        logits = torch.from_numpy(np.array(llm.scores[len(prompt) - 1: len(prompt) + len(answer) - 1]))
+        logprobs = torch.log_softmax(logits.double(), dim=-1)
+        out.append(Scored([float(logprobs[i, t]) for i, t in enumerate(answer)], logits.argmax(-1).tolist()))
     return out
 
 
@@ -86,11 +94,13 @@ def main() -> None:
         engine = StaticBatch.create(str(path), load_format="gguf", **KW)
         ours = score(engine, prompts, answers)
         drift, agreeing = drift_and_agreement(ours, bases, answers)
-        theirs = llama_argmax(path, [p + a for p, a in zip(prompts, answers)], [len(p) for p in prompts])
-        same = sum(a == b for o, t in zip(ours, theirs) for a, b in zip(o.argmax, t))
+        theirs = llama_scored(path, prompts, answers)
+        their_drift, _ = drift_and_agreement(theirs, bases, answers)
+        same = sum(a == b for o, t in zip(ours, theirs) for a, b in zip(o.argmax, t.argmax))
         positions = len(prompts) * args.tokens
         row = {"file": path.name, "date": time.strftime("%Y-%m-%d"), "prompts": len(prompts), "tokens": args.tokens,
-               "drift_mean": sum(drift) / len(drift), "drift_max": max(drift), "top1_vs_fp32": agreeing / positions,
+               "drift_mean": sum(drift) / len(drift), "drift_max": max(drift),
+               "llamacpp_drift_mean": sum(their_drift) / len(their_drift), "top1_vs_fp32": agreeing / positions,
                "top1_vs_llamacpp": same / positions, "model_mb": model_bytes(engine) / 1e6,
                "file_mb": path.stat().st_size / 1e6}
         print(json.dumps(row), flush=True)
