@@ -43,6 +43,7 @@ subset is only slower).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -173,6 +174,16 @@ class ServerPool:
             server.terminate()
         for server in self._servers.values():
             server.wait_stopped()
+
+
+@pytest.fixture(scope="session")
+def kquant_mix_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The default model as a K-quant mix .gguf (tests/runtime/execution/kquant_mix.py), written
+    once per run (about 10 s)."""
+    from runtime.support.default_model import gguf_path
+    from tests.runtime.execution.kquant_mix import write_kquant_mix
+
+    return write_kquant_mix(gguf_path(), tmp_path_factory.mktemp("kquant") / "mix.gguf")
 
 
 @pytest.fixture(scope="session")

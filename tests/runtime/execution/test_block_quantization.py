@@ -15,14 +15,11 @@ re-quantizes weights that are already Q4_1's, so its error stacks).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from kernels.quant_linear import BlockPartsLinearMethod, BlockQuantLinearMethod
 from runtime.execution.static_batch import StaticBatch
 from tests import FULL_TESTS
-from tests.runtime.execution.kquant_mix import write_kquant_mix
 from tests.runtime.execution.teacher_forcing import drift_and_agreement, greedy_and_scored, score
 
 pytestmark = pytest.mark.slow
@@ -49,14 +46,15 @@ def references(default_model_path: str, chat_ids) -> tuple[list[list[int]], list
 
 
 @pytest.mark.parametrize("source", SOURCES)
-def test_blocks_meet_the_accuracy_bar(default_model_path: str, references, source: str, tmp_path: Path) -> None:
+def test_blocks_meet_the_accuracy_bar(default_model_path: str, references, source: str,
+                                      request: pytest.FixtureRequest) -> None:
     from runtime.support.default_model import gguf_path
 
     prompts, bases, answers = references
     if source == "gguf":
         engine = StaticBatch.create(str(gguf_path()), load_format="gguf", **KW)
     elif source == "kquant-mix":
-        mix = write_kquant_mix(gguf_path(), tmp_path / "mix.gguf")
+        mix = request.getfixturevalue("kquant_mix_file")
         engine = StaticBatch.create(str(mix), load_format="gguf", **KW)
         model = engine.runner.model.model
         assert [model.layers[i].mlp.down_proj.method.fmt.name for i in range(3)] == ["q4_k", "q5_k", "q6_k"]

@@ -4,6 +4,8 @@ mix of it, logits bit for bit; and the batches and models it must leave to Pytho
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -12,7 +14,6 @@ from kernels.torch_backend import TorchAttentionBackend
 from runtime.execution.static_batch import Seq, StaticBatch
 from runtime.models.decode_stack import DecodeStack
 from runtime.support.default_model import gguf_path
-from tests.runtime.execution.kquant_mix import write_kquant_mix
 
 PROMPTS = [[1, 9690, 30, 2683, 314, 253, 1789], list(range(200, 261)), [42] * 19]
 
@@ -61,12 +62,10 @@ def test_stack_runs_the_python_layers_bit_for_bit(engine: StaticBatch) -> None:
 
 
 @pytest.mark.slow
-def test_a_kquant_mix_with_fused_layers_of_two_formats_runs_bit_for_bit(tmp_path_factory: pytest.TempPathFactory
-                                                                         ) -> None:
+def test_a_kquant_mix_with_fused_layers_of_two_formats_runs_bit_for_bit(kquant_mix_file: Path) -> None:
     """Q4_K/Q5_K/Q6_K, q5_0, q5_1 and q8_0 blocks, a fused q/k/v in two formats (q5_0 q and k,
     q8_0 v: two kernel calls in the layer's one): the stack's logits are the Python layers'."""
-    mix = write_kquant_mix(gguf_path(), tmp_path_factory.mktemp("mix") / "mix.gguf")
-    engine = StaticBatch.create(str(mix), load_format="gguf", dtype="bfloat16", max_total_tokens=512,
+    engine = StaticBatch.create(str(kquant_mix_file), load_format="gguf", dtype="bfloat16", max_total_tokens=512,
                                 max_running_requests=len(PROMPTS), context_length=128)
     stack = engine.runner.model.model.decode_stack
     assert stack is not None and stack.layers[0].parts == [2, 1, 1, 1]
