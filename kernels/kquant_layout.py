@@ -36,12 +36,13 @@ def sub_bytes(name: str) -> int:
 
 def group_bytes(name: str, in_features: int) -> int:
     """Bytes of one group of 8 rows."""
-    per_super = QK_of(name)
+    per_super = values_per_super(name)
     supers = in_features // per_super
     return supers * (16 * super_header_halves(name) + per_super // 32 * sub_bytes(name))
 
 
-def QK_of(name: str) -> int:  # noqa: N802 - the ggml name of the quantity
+def values_per_super(name: str) -> int:
+    """Values per super-block: 256 for the K-quants, one block of 32 for q5_x."""
     return 256 if name in K_QUANTS else 32
 
 
@@ -76,7 +77,7 @@ def unpack(grouped: torch.Tensor, name: str, rows: int) -> Decoded:
     """The inverse of `repack`: the first `rows` rows' integers."""
     g = grouped.shape[0]
     nhalves = super_header_halves(name)
-    subs = QK_of(name) // 32
+    subs = values_per_super(name) // 32
     sb = sub_bytes(name)
     per_super = 16 * nhalves + subs * sb
     supers = grouped.shape[1] // per_super
