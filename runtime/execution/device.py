@@ -157,6 +157,15 @@ def threads_per_rank(config: ServerConfig) -> int | None:
     return None
 
 
+def prepare_torch(config: ServerConfig) -> None:
+    """This process's torch before it builds a model: the config's random seed, and its threads
+    (`threads_per_rank`)."""
+    torch.manual_seed(config.random_seed)
+    threads = threads_per_rank(config)
+    if threads:
+        torch.set_num_threads(threads)
+
+
 def resolve_dtype(
     name: str, checkpoint_dtype: str | None, device: torch.device, cpu: CpuCapability | None = None
 ) -> tuple[torch.dtype, str]:

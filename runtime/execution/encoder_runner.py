@@ -12,7 +12,7 @@ import torch
 from runtime.contracts.config import ServerConfig, read_model_json
 from runtime.contracts.encoder_config import EncoderConfig
 from runtime.contracts.pooling import Pooling, read_pooling
-from runtime.execution.device import DTYPES, threads_per_rank
+from runtime.execution.device import DTYPES, prepare_torch
 from runtime.models.bert import BertModel, load_bert_weights
 
 
@@ -31,10 +31,7 @@ class EncoderRunner:
         from runtime.execution.weights import iter_safetensors
 
         assert config.model_path and config.device != "auto", "resolve_config() first"
-        torch.manual_seed(config.random_seed)
-        threads = threads_per_rank(config)
-        if threads:
-            torch.set_num_threads(threads)
+        prepare_torch(config)
         cfg = EncoderConfig.from_hf(read_model_json(config.model_path, "config.json"))
         device = torch.device(config.device)
         model = BertModel(cfg)

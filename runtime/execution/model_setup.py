@@ -17,7 +17,7 @@ from kernels.sampling import TruncatedSampler
 from runtime.contracts.config import ServerConfig, read_model_json
 from runtime.contracts.model_config import ModelConfig
 from runtime.execution.backends import make_backend
-from runtime.execution.device import DTYPES, rank_device, threads_per_rank
+from runtime.execution.device import DTYPES, prepare_torch, rank_device
 from runtime.execution.engines import Choice, choose_engines
 from runtime.models.base import CausalLM
 
@@ -56,10 +56,7 @@ def load_model_for_serving(config: ServerConfig, tp: TensorParallel | None = Non
     from runtime.execution.weights import load_model
 
     assert config.model_path and config.device != "auto", "resolve_config() first"
-    torch.manual_seed(config.random_seed)
-    threads = threads_per_rank(config)
-    if threads:
-        torch.set_num_threads(threads)
+    prepare_torch(config)
     model_config = ModelConfig.from_hf(read_model_json(config.model_path, "config.json"))
     device = rank_device(config.device, tp.plan.rank if tp else 0)
     dtype = DTYPES[config.dtype]
