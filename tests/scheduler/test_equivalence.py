@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -42,14 +44,22 @@ def long_outputs() -> list[tuple[list[int], dict]]:
             for _ in range(8)]
 
 
-def run(default_model_path: str, workload=prompts, optimistic: bool = False, **overrides) -> tuple[dict, object]:
+Workload = Callable[[], list[tuple[list[int], dict]]]
+
+
+def outputs(sched: Any, io: Any, workload: Workload) -> dict:
+    """`workload()`'s requests submitted and run until idle: rid -> (output ids, finish)."""
+    for i, (prompt, params) in enumerate(workload()):
+        submit(io, f"e{i}", prompt, ignore_eos=False, **params)
+    return {rid: (r["ids"], r["finish"]) for rid, r in run_until_idle(sched, io).items()}
+
+
+def run(default_model_path: str, workload: Workload = prompts, optimistic: bool = False,
+        **overrides: Any) -> tuple[dict, Any]:
     sched, io = make(default_model_path, max_total_tokens=overrides.pop("max_total_tokens", 8192), **overrides)
     if optimistic:  # reserve nothing for decode growth, as after a long quiet decay
         sched.ratio.value = 0.0
-    for i, (prompt, params) in enumerate(workload()):
-        submit(io, f"e{i}", prompt, ignore_eos=False, **params)
-    results = run_until_idle(sched, io)
-    return {rid: (r["ids"], r["finish"]) for rid, r in results.items()}, sched
+    return outputs(sched, io, workload), sched
 
 
 @pytest.fixture(scope="module")
@@ -128,19 +138,23 @@ def test_same_tokens_with_two_tensor_parallel_ranks(default_model_path, baseline
     """Rank 0's scheduler in this process leading a real rank-1 process (gloo, a thread each)."""
     from runtime.contracts.config import ServerConfig
     from runtime.execution.resolve import resolve_config
-    from tests.runtime.parallel.tp_harness import tp_scheduler
-    from tests.scheduler.harness import FakeIO
 
     config = resolve_config(ServerConfig(
         model_path=default_model_path, device="cpu", dtype="float32", tp_size=2, max_total_tokens=8192,
         max_running_requests=16, disable_overlap_schedule=not overlap, disable_radix_cache=not radix,
         chunked_prefill_size=chunk, page_size=page, enable_mixed_chunk=mixed))
+    assert run_two_ranks(config, prompts) == baseline
+
+
+def run_two_ranks(config: Any, workload: Workload) -> dict:
+    """`workload()`'s requests through a rank-0 scheduler in this process leading a real rank-1
+    process (`config` resolved, tp_size 2): rid -> (output ids, finish), as `run` gives them."""
+    from tests.runtime.parallel.tp_harness import tp_scheduler
+    from tests.scheduler.harness import FakeIO
+
     io = FakeIO()
     with tp_scheduler(config, io) as sched:
-        for i, (prompt, params) in enumerate(prompts()):
-            submit(io, f"e{i}", prompt, ignore_eos=False, **params)
-        results = {rid: (r["ids"], r["finish"]) for rid, r in run_until_idle(sched, io).items()}
-    assert results == baseline
+        return outputs(sched, io, workload)
 
 
 def repetitive() -> list[tuple[list[int], dict]]:

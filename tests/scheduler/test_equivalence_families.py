@@ -13,7 +13,7 @@ import pytest
 
 from tests import FULL_TESTS
 from tests.scheduler.harness import VOCAB
-from tests.scheduler.test_equivalence import BASELINE, GRID, PAIRWISE, Config, run
+from tests.scheduler.test_equivalence import BASELINE, GRID, PAIRWISE, Config, run, run_two_ranks
 
 pytestmark = pytest.mark.slow
 
@@ -89,16 +89,9 @@ def test_same_tokens_with_two_tensor_parallel_ranks(family_model: str, request: 
         pytest.skip("a two-rank process per family: RADIXSERVE_FULL_TESTS=1")
     from runtime.contracts.config import ServerConfig
     from runtime.execution.resolve import resolve_config
-    from tests.runtime.parallel.tp_harness import tp_scheduler
-    from tests.scheduler.harness import FakeIO, run_until_idle, submit
 
     baseline, _ = run(family_model, prompts, **options(BASELINE))
     row = options((False, True, 32, 1, True))
     config = resolve_config(ServerConfig(model_path=family_model, device="cpu", tp_size=2, max_total_tokens=8192,
                                          max_running_requests=16, **row))
-    io = FakeIO()
-    with tp_scheduler(config, io) as sched:
-        for i, (prompt, params) in enumerate(prompts()):
-            submit(io, f"e{i}", prompt, ignore_eos=False, **params)
-        results = {rid: (r["ids"], r["finish"]) for rid, r in run_until_idle(sched, io).items()}
-    assert results == baseline
+    assert run_two_ranks(config, prompts) == baseline

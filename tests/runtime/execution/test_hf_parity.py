@@ -118,6 +118,15 @@ def test_mixed_batch_of_prefill_and_decode(tiny_checkpoint) -> None:
         assert rel_err(result.last_logits[i], _hf_last_logits(hf, s.tokens)) <= 1e-4
 
 
+def hf_greedy_tokens(hf: torch.nn.Module, prompt: list[int], steps: int) -> list[int]:
+    """HF's own greedy continuation of `prompt`, the whole sequence re-run each step (no cache)."""
+    tokens = list(prompt)
+    with torch.no_grad():
+        for _ in range(steps):
+            tokens.append(int(hf(torch.tensor([tokens])).logits[0, -1].argmax()))
+    return tokens[len(prompt):]
+
+
 def test_greedy_tokens_match_hf(tiny_checkpoint) -> None:
     """Greedy generation in fp32, batched, gives HF's own greedy tokens (HF runs each prompt alone)."""
     path, hf = tiny_checkpoint
@@ -125,11 +134,7 @@ def test_greedy_tokens_match_hf(tiny_checkpoint) -> None:
     h = StaticBatch.create(path, dtype="float32", max_total_tokens=1024, max_running_requests=8)
     ours = h.generate_greedy(prompts, DECODE_STEPS)
     for prompt, got in zip(prompts, ours, strict=True):
-        tokens = list(prompt)
-        with torch.no_grad():
-            for _ in range(DECODE_STEPS):
-                tokens.append(int(hf(torch.tensor([tokens])).logits[0, -1].argmax()))
-        assert got == tokens[len(prompt):]
+        assert got == hf_greedy_tokens(hf, prompt, DECODE_STEPS)
 
 
 CHAT_PROMPTS = 4  # the first four of chat_reference.QUESTIONS

@@ -15,6 +15,7 @@ import torch
 import transformers
 
 from runtime.execution.static_batch import StaticBatch
+from tests.runtime.execution.test_hf_parity import hf_greedy_tokens
 
 PROMPT_LENS = [5, 17, 9, 30]  # two of them longer than every window
 DECODE_STEPS = 8
@@ -141,11 +142,7 @@ def test_greedy_tokens_match_hf(windowed_checkpoint) -> None:
     h = StaticBatch.create(path, dtype="float32", max_total_tokens=1024, max_running_requests=8)
     ours = h.generate_greedy(prompts, DECODE_STEPS)
     for prompt, got in zip(prompts, ours, strict=True):
-        tokens = list(prompt)
-        with torch.no_grad():
-            for _ in range(DECODE_STEPS):
-                tokens.append(int(hf(torch.tensor([tokens])).logits[0, -1].argmax()))
-        assert got == tokens[len(prompt):]
+        assert got == hf_greedy_tokens(hf, prompt, DECODE_STEPS)
 
 
 def test_decode_stack_reads_only_the_window(windowed_checkpoint) -> None:

@@ -20,6 +20,7 @@ from runtime.execution.weights import iter_safetensors, load_model
 from runtime.models import build_model
 from runtime.models.qwen3_moe import SparseMoeBlock
 from runtime.parallel.sharding import ShardPlan, check_shardable
+from tests.runtime.execution.test_hf_parity import hf_greedy_tokens
 from tests.runtime.models.test_models import CPU, model_config, our_logits, rel_err
 from tests.runtime.parallel.test_parallel_layers import RankContext, ThreadGroup
 
@@ -144,11 +145,7 @@ def test_paged_runner_greedy_matches_hf(checkpoint):
     h = StaticBatch.create(str(path), dtype="float32", page_size=4, max_total_tokens=1024, max_running_requests=8)
     ours = h.generate_greedy(prompts, 6)
     for p, got in zip(prompts, ours, strict=True):
-        tokens = list(p)
-        with torch.no_grad():
-            for _ in range(6):
-                tokens.append(int(hf(torch.tensor([tokens])).logits[0, -1].argmax()))
-        assert got == tokens[len(p):]
+        assert got == hf_greedy_tokens(hf, p, 6)
 
 
 @pytest.mark.parametrize("variance,tile", [(False, ROW_TILE), (True, 1)])
