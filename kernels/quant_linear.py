@@ -118,6 +118,14 @@ class BlockPartsLinearMethod(LinearMethod):
         return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
+def block_parts(method: LinearMethod) -> list[BlockQuantLinearMethod]:
+    """The block kernels a linear's method computes with, in the order of its outputs: a fused
+    layer's parts, the method itself, or none (a full-precision method)."""
+    if isinstance(method, BlockPartsLinearMethod):
+        return method.parts
+    return [method] if isinstance(method, BlockQuantLinearMethod) else []
+
+
 def install(layer: Linear, blocks: torch.Tensor, fmt: BlockFormat, kernels: ModuleType | None, isa: str) -> None:
     """Make `layer` compute from `blocks` and drop its full-precision weight (a tied head's
     weight is the embedding table, which the embedding keeps)."""

@@ -28,7 +28,7 @@ import torch
 from kernels import quant_linear
 from kernels.gguf_blocks import KERNEL_FORMATS, BlockFormat
 from kernels.linear import Linear
-from kernels.quant_linear import BlockPartsLinearMethod, BlockQuantLinearMethod
+from kernels.quant_linear import block_parts
 from runtime.models import CausalLM
 from runtime.models.base import FUSED_SHARDS  # the fused layers and the order of their parts' rows
 
@@ -118,19 +118,11 @@ def load_gguf(model: CausalLM, gguf_file: str, kernels: ModuleType | None, isa: 
     head_shares_table = model.config.tie_word_embeddings and model.lm_head.weight is not None
     if embedding_blocks is not None and not head_shares_table:  # the lookup decodes its rows from the blocks
         model.model.embed_tokens.use_blocks(embedding_blocks[2], KERNEL_FORMATS[embedding_blocks[1]])
-    kept = [part for m in model.modules() if isinstance(m, Linear) for part in _block_methods(m)]
+    kept = [part for m in model.modules() if isinstance(m, Linear) for part in block_parts(m.method)]
     counts = Counter(method.fmt.name for method in kept)
     logger.info("%s: %d linears run from their blocks (%s; %.0f MB), the %s kernel variant", gguf_file, len(kept),
                 ", ".join(f"{n} {name}" for name, n in sorted(counts.items())),
                 sum(method.nbytes for method in kept) / 1e6, isa)
-
-
-def _block_methods(layer: Linear) -> list[BlockQuantLinearMethod]:
-    """The block kernels `layer` computes with (its parts', for a mixed fused layer)."""
-    method = layer.method
-    if isinstance(method, BlockPartsLinearMethod):
-        return method.parts
-    return [method] if isinstance(method, BlockQuantLinearMethod) else []
 
 
 def _layer_part(name: str) -> tuple[str, int]:

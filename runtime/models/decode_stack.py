@@ -22,7 +22,7 @@ import torch
 
 from kernels.base import DecodeKernelInputs
 from kernels.linear import Linear
-from kernels.quant_linear import BlockPartsLinearMethod, BlockQuantLinearMethod
+from kernels.quant_linear import BlockQuantLinearMethod, block_parts
 
 NO_BIAS = torch.empty(0)
 
@@ -55,17 +55,12 @@ class BlockLayer:
 
 def _block_parts(linear: Linear) -> list[tuple[BlockQuantLinearMethod, torch.Tensor]] | None:
     """The (block method, bias) parts `linear` computes with, or None if one is not our kernel's."""
-    method = linear.method
-    bias = None if linear.bias is None else linear.bias.detach()
-    if isinstance(method, BlockPartsLinearMethod):
-        parts = list(zip(method.parts, method.part_biases(bias), strict=True))
-    elif isinstance(method, BlockQuantLinearMethod):
-        parts = [(method, bias)]
-    else:
+    parts = block_parts(linear.method)
+    if not parts or any(m.kernels is None for m in parts):
         return None
-    if any(m.kernels is None for m, _ in parts):
-        return None
-    return [(m, NO_BIAS if b is None else b) for m, b in parts]
+    if linear.bias is None:
+        return [(m, NO_BIAS) for m in parts]
+    return list(zip(parts, linear.bias.detach().split([m.out_features for m in parts]), strict=True))
 
 
 class DecodeStack:
